@@ -1,0 +1,61 @@
+"""The package's exceptions.
+
+Every error raised on purpose by rmq_source derives from :class:`RmqSourceError` and also from the
+builtin exception that matches its nature, so callers can catch either.
+"""
+from __future__ import annotations
+
+
+class RmqSourceError(Exception):
+    """Base class of every error rmq_source raises on purpose."""
+
+
+class RmqOptionError(RmqSourceError, ValueError):
+    """An option (data source option, CLI flag or API argument) has a missing or invalid value."""
+
+
+class RmqStoreLayoutError(RmqSourceError, FileNotFoundError):
+    """A store directory, topic or queue folder is missing or not laid out as a broker lays it out."""
+
+
+class RmqUnknownTopicError(RmqSourceError, LookupError):
+    """A topic or queue that the caller named does not exist in the store."""
+
+
+class RmqCorruptStoreError(RmqSourceError, ValueError):
+    """A record or ConsumeQueue unit that cannot be what the broker wrote.
+
+    ``path`` is the file, ``position`` the byte position inside that file, ``code`` the C core's
+    error code name (for example ``"BAD_MAGIC"``).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, position: int | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.position = position
+        self.code = code
+
+
+class RmqDataLossError(RmqSourceError, RuntimeError):
+    """Messages still needed were deleted by retention (raised when failOnDataLoss=true)."""
+
+
+class RmqMissingDependencyError(RmqSourceError, ImportError):
+    """An optional Python package (lz4, zstandard, pyspark) is needed for this operation."""
+
+
+class RmqConfigFileError(RmqSourceError, ValueError):
+    """A JSON config file (consumerOffset.json, topics.json, ...) cannot be parsed, nor its .bak."""
+
+
+class RmqOffsetStoreError(RmqSourceError, OSError):
+    """The consumer-group offset store could not be read or written."""
+
+
+class RmqAllocationError(RmqSourceError, RuntimeError):
+    """A queue-allocation strategy failed or returned something that is not an allocation."""
+
+
+class RmqLockError(RmqSourceError, RuntimeError):
+    """A queue lock needed for ordered consumption is not held (or was lost)."""

@@ -1,0 +1,345 @@
+"""Read a RocketMQ broker store directory: topics, queues, offsets and messages as Arrow batches.
+
+A store root is the directory holding ``commitlog/``, ``consumequeue/`` and ``config/`` (the
+broker's ``storePathRootDir``). Offsets are ConsumeQueue (logical) offsets:
+
+* ``min_offset`` is the first offset still readable: the first unit whose CommitLog record has not
+  been deleted by retention (the 4.9.3 broker's ``correctMinOffset`` rule, clamped to the first
+  existing ConsumeQueue file).
+* ``max_offset`` is the next offset to be written (one past the last valid unit).
+* Every range is half-open: ``[start, end)``.
+
+The store may be appended to while it is read (by a broker or by :class:`rmq_source.writer.StoreWriter`);
+every call re-lists the folders so new files, new queues and deleted files are seen.
+"""
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pyarrow as pa
+
+from . import native
+from .bodies import decompress_bodies
+from .errors import RmqDataLossError, RmqOptionError, RmqStoreLayoutError, RmqUnknownTopicError
+from .schema import ARROW_SCHEMA
+from .subscription import Subscription
+
+CQ_UNIT_SIZE = 20
+_FILE_NAME = re.compile(r"^\d{20}$")
+DEFAULT_BATCH_ROWS = 65536
+DEFAULT_BATCH_BYTES = 64 << 20
+
+#: Called with (first_lost_offset, first_readable_offset) when retention removed messages of a
+#: range being read; without a callback the read raises :class:`RmqDataLossError`.
+DataLossCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue of one topic on this store; ``max_offset`` is exclusive (next to be written)."""
+
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+def _segment_files(folder: str) -> list[tuple[int, str]]:
+    """Mapped files of a folder as (start offset, path), sorted; other names are ignored."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return sorted((int(n), os.path.join(folder, n)) for n in names if _FILE_NAME.match(n))
+
+
+def _check_subscription(subscription: str | Subscription | None) -> Subscription:
+    if isinstance(subscription, Subscription):
+        return subscription
+    if subscription is None or isinstance(subscription, str):
+        return Subscription.parse(subscription)
+    raise RmqOptionError(f"subscription must be a tag expression string, got {subscription!r}")
+
+
+def _check_offset(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RmqOptionError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+class Store:
+    """A read-only view of one broker's store directory.
+
+    ``commitlog_file_size`` and ``cq_file_size`` (bytes) default to the size of the existing files,
+    which the broker always creates at full size; pass them when a folder holds a single file that
+    may not be full size (for example a store copied without sparse tails).
+    """
+
+    def __init__(self, root: str | os.PathLike, *, broker_name: str = "broker-a",
+                 commitlog_file_size: int | None = None, cq_file_size: int | None = None):
+        self.root = os.path.abspath(os.fspath(root))
+        if not os.path.isdir(self.root):
+            raise RmqStoreLayoutError(f"store root {self.root!r} is not a directory")
+        if not os.path.isdir(os.path.join(self.root, "commitlog")):
+            raise RmqStoreLayoutError(
+                f"store root {self.root!r} has no commitlog/ folder; expected the broker's "
+                "storePathRootDir (holding commitlog/, consumequeue/, config/)")
+        if not broker_name or not isinstance(broker_name, str):
+            raise RmqOptionError(f"broker_name must be a non-empty string, got {broker_name!r}")
+        for name, value in (("commitlog_file_size", commitlog_file_size), ("cq_file_size", cq_file_size)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise RmqOptionError(f"{name} must be a positive integer, got {value!r}")
+        if cq_file_size is not None and cq_file_size % CQ_UNIT_SIZE:
+            raise RmqOptionError(f"cq_file_size must be a multiple of 20, got {cq_file_size}")
+        self.broker_name = broker_name
+        self._cl_file_size = commitlog_file_size
+        self._cq_file_size = cq_file_size
+        self._segments: dict[str, native.Segment] = {}
+        self._lock = threading.RLock()
+
+    # -- mapped files -------------------------------------------------------------------------
+    def _segment(self, path: str, start: int) -> native.Segment:
+        """A mapping of ``path``, re-made when the file changed size or was replaced."""
+        st = os.stat(path)
+        seg = self._segments.get(path)
+        if seg is not None and (seg.size != st.st_size or getattr(seg, "_ino", None) != st.st_ino):
+            seg.close()
+            seg = None
+        if seg is None:
+            seg = native.map_segment(path, start)
+            seg._ino = st.st_ino
+            self._segments[path] = seg
+        return seg
+
+    def _forget_missing(self, folder: str, present: set[str]) -> None:
+        prefix = folder + os.sep
+        for path in [p for p in self._segments if p.startswith(prefix) and p not in present]:
+            self._segments.pop(path).close()
+
+    def _segments_of(self, folder: str, file_size: int | None, what: str) -> tuple[list, int]:
+        files = _segment_files(folder)
+        self._forget_missing(folder, {p for _, p in files})
+        if not files:
+            return [], file_size or 0
+        if file_size is None:
+            sizes = [os.path.getsize(p) for _, p in files]
+            file_size = sizes[0]
+            if file_size <= 0:
+                raise RmqStoreLayoutError(
+                    f"cannot infer the {what} file size: {files[0][1]} is empty; pass it explicitly")
+        for (a, pa_), (b, _) in zip(files, files[1:]):
+            if b - a != file_size:
+                raise RmqStoreLayoutError(
+                    f"{what} files are not consecutive: {pa_} starts at {a} and the next at {b}, "
+                    f"expected a step of the file size {file_size}")
+        return [self._segment(p, s) for s, p in files], file_size
+
+    def commitlog(self) -> native.CommitLog:
+        """The CommitLog as currently on disk (re-listed on every call)."""
+        with self._lock:
+            segs, size = self._segments_of(os.path.join(self.root, "commitlog"), self._cl_file_size,
+                                           "CommitLog")
+            if size and self._cl_file_size is None:
+                self._cl_file_size = size
+            return native.CommitLog(segs, size or 1)
+
+    def _queue_dir(self, topic: str, queue_id: int) -> str:
+        return os.path.join(self.root, "consumequeue", topic, str(queue_id))
+
+    def _cq(self, topic: str, queue_id: int) -> tuple[list, int]:
+        with self._lock:
+            segs, size = self._segments_of(self._queue_dir(topic, queue_id), self._cq_file_size,
+                                           f"ConsumeQueue {topic}/{queue_id}")
+            if size and self._cq_file_size is None and len(segs) > 1:
+                self._cq_file_size = size
+            if size % CQ_UNIT_SIZE:
+                raise RmqStoreLayoutError(
+                    f"ConsumeQueue {topic}/{queue_id} file size {size} is not a multiple of 20")
+            return segs, size
+
+    # -- topics and queues --------------------------------------------------------------------
+    def _configured_topics(self) -> dict[str, dict]:
+        from .config_files import read_topics
+        return read_topics(self.root) or {}
+
+    def topics(self) -> list[str]:
+        """Topics that have ConsumeQueue folders or are configured in ``config/topics.json``."""
+        found = set()
+        cq_root = os.path.join(self.root, "consumequeue")
+        if os.path.isdir(cq_root):
+            found.update(n for n in os.listdir(cq_root) if os.path.isdir(os.path.join(cq_root, n)))
+        found.update(self._configured_topics())
+        return sorted(found)
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """Queue ids of ``topic``: its ConsumeQueue folders and the configured readable queues.
+
+        A configured queue that never received a message has no folder (the broker creates it with
+        its first unit); it is listed with min = max = 0.
+        """
+        ids: set[int] = set()
+        folder = os.path.join(self.root, "consumequeue", topic)
+        if os.path.isdir(folder):
+            ids.update(int(n) for n in os.listdir(folder) if n.isdigit())
+        conf = self._configured_topics().get(topic)
+        if conf is not None and int(conf.get("perm", 6)) & 4:
+            ids.update(range(int(conf.get("readQueueNums", 0))))
+        if not ids and conf is None:
+            raise RmqUnknownTopicError(
+                f"topic {topic!r} is not in store {self.root!r} (known: {', '.join(self.topics()) or 'none'})")
+        return sorted(ids)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Next queue offset to be written (one past the last valid ConsumeQueue unit)."""
+        segs, _ = self._cq(topic, queue_id)
+        if not segs:
+            return 0
+        last = segs[-1]
+        return (last.file_start + native.cq_valid_units(last) * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """First queue offset whose CommitLog record still exists (retention moves it forward)."""
+        segs, _ = self._cq(topic, queue_id)
+        return self._min_offset(segs, self.commitlog().min_offset)
+
+    @staticmethod
+    def _min_offset(segs: list, cl_min: int) -> int:
+        for seg in segs:
+            valid = native.cq_valid_units(seg)
+            idx = native.cq_first_unit_at_or_above(seg, cl_min)
+            if idx < valid:
+                return (seg.file_start + idx * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
+            if valid * CQ_UNIT_SIZE < seg.size:  # the live file ends here: nothing readable
+                return (seg.file_start + valid * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
+        return segs[-1].file_start // CQ_UNIT_SIZE + segs[-1].size // CQ_UNIT_SIZE if segs else 0
+
+    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+        segs, _ = self._cq(topic, queue_id)
+        if not segs:
+            return QueueInfo(topic, queue_id, 0, 0)
+        last = segs[-1]
+        max_off = (last.file_start + native.cq_valid_units(last) * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
+        min_off = min(self._min_offset(segs, self.commitlog().min_offset), max_off)
+        return QueueInfo(topic, queue_id, min_off, max_off)
+
+    def queues(self, topics: list[str] | None = None) -> list[QueueInfo]:
+        """Every queue of ``topics`` (default: all topics) with its current min/max offsets."""
+        out = []
+        for topic in (self.topics() if topics is None else topics):
+            for qid in self.queue_ids(topic):
+                out.append(self.queue_info(topic, qid))
+        return out
+
+    # -- reading ------------------------------------------------------------------------------
+    def iter_batches(self, topic: str, queue_id: int, start: int, end: int, *,
+                     subscription: str | Subscription | None = "*",
+                     batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
+                     verify_crc: bool = False,
+                     on_data_loss: DataLossCallback | None = None) -> Iterator[pa.RecordBatch]:
+        """Yield the messages of queue offsets ``[start, end)`` that match ``subscription``.
+
+        Rows come in ascending queue offset, bodies decompressed, with the full row schema. The
+        range stops early at the first unit not yet written (a live queue). When retention deleted
+        part of the range, ``on_data_loss(first_lost, first_readable)`` is called and reading goes
+        on from ``first_readable``; without a callback :class:`RmqDataLossError` is raised.
+        """
+        _check_offset("start", start)
+        _check_offset("end", end)
+        if end < start:
+            raise RmqOptionError(f"end ({end}) must be >= start ({start})")
+        if batch_rows <= 0 or batch_bytes <= 0:
+            raise RmqOptionError("batch_rows and batch_bytes must be positive")
+        sub = _check_subscription(subscription)
+        codes = None if sub.sub_all else sub.codes
+        tags = None if sub.sub_all else sub.tags
+        pos = start
+        while pos < end:
+            segs, cq_size = self._cq(topic, queue_id)
+            cl = self.commitlog()
+            min_off = self._min_offset(segs, cl.min_offset) if segs else 0
+            if not segs:
+                return
+            if pos < min_off:
+                self._data_loss(topic, queue_id, pos, min(min_off, end), on_data_loss)
+                pos = min(min_off, end)
+                continue
+            res = native.scan_queue(cl, segs, cq_size, pos, end, codes=codes, tags=tags,
+                                    max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc)
+            if res.batch.num_rows:
+                yield self._finish(topic, res.batch)
+            if res.status == "CL_GONE":
+                # Retention removed the record between listing and scanning: recompute min.
+                pos = res.next_offset
+                continue
+            if res.status in ("END", "CQ_END") or res.next_offset <= pos:
+                return
+            pos = res.next_offset
+
+    def _data_loss(self, topic: str, queue_id: int, lost_from: int, readable: int,
+                   callback: DataLossCallback | None) -> None:
+        if callback is None:
+            raise RmqDataLossError(
+                f"queue {topic}/{self.broker_name}/{queue_id}: offsets [{lost_from}, {readable}) "
+                f"({readable - lost_from} messages) were deleted by retention before they were read")
+        callback(lost_from, readable)
+
+    def read(self, topic: str, queue_id: int, start: int, end: int, **kwargs) -> pa.RecordBatch:
+        """All matching messages of ``[start, end)`` as one RecordBatch (see :meth:`iter_batches`)."""
+        batches = list(self.iter_batches(topic, queue_id, start, end, **kwargs))
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+        if len(batches) == 1:
+            return batches[0]
+        return pa.Table.from_batches(batches, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]
+
+    def _finish(self, topic: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Native columns -> full row schema: add topic and brokerName, decompress bodies."""
+        n = batch.num_rows
+        columns = [pa.repeat(topic, n), pa.repeat(self.broker_name, n)]
+        columns.extend(batch.columns)
+        body_idx = ARROW_SCHEMA.get_field_index("body")
+        flags = columns[ARROW_SCHEMA.get_field_index("sysFlag")]
+        columns[body_idx] = decompress_bodies(
+            columns[body_idx], flags, columns[ARROW_SCHEMA.get_field_index("commitLogOffset")])
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """Smallest queue offset whose storeTimestamp >= ``timestamp_ms`` (RocketMQ 5 LOWER bound).
+
+        Before the first message this is ``min_offset``; after the last message it is
+        ``max_offset`` (the next message to be written), so a read from there returns only newer
+        messages. A queue with no messages returns 0.
+        """
+        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
+            raise RmqOptionError(f"timestamp_ms must be an integer (epoch ms), got {timestamp_ms!r}")
+        info = self.queue_info(topic, queue_id)
+        if info.max_offset == info.min_offset:
+            return info.max_offset
+        segs, cq_size = self._cq(topic, queue_id)
+        return native.lookup_time(self.commitlog(), segs, cq_size, info.min_offset,
+                                  info.max_offset, timestamp_ms)
+
+    def consumer_offsets(self) -> dict[tuple[str, str], dict[int, int]]:
+        """The broker's own ``config/consumerOffset.json``: {(topic, group): {queueId: offset}}."""
+        from .config_files import read_consumer_offsets
+        return read_consumer_offsets(self.root)
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            for seg in self._segments.values():
+                seg.close()
+            self._segments.clear()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.root!r}, broker_name={self.broker_name!r})"
