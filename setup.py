@@ -12,6 +12,7 @@ setup(
     install_requires=[
         "cffi>=1.16",
         "pyarrow>=15",
+        "numpy>=1.24",
         "tqdm>=4.60",
     ],
     extras_require={

@@ -1,0 +1,28 @@
+"""Planning of a batch read (``spark.read.format("rmq")``): one range per queue, start to end."""
+from __future__ import annotations
+
+from .catalog import StoreCatalog
+from .partition_reader import RmqInputPartition, build_partitions
+from .planner import QueueRange, plan_tasks
+from .positions import check_data_loss, ending_offsets, starting_offsets
+from .query import discover_queues, open_group_store, strategy_of
+
+
+def plan_batch(opts) -> list[RmqInputPartition]:
+    """Input partitions of a batch read; queues with nothing between start and end make no task.
+
+    The starting position must not lie below a queue's min offset (``failOnDataLoss``); an end
+    below the start reads nothing from that queue.
+    """
+    catalog = StoreCatalog(opts.brokers)
+    mqs = discover_queues(catalog, opts)
+    starts = starting_offsets(catalog, mqs, opts, open_group_store(opts, catalog))
+    ends = ending_offsets(catalog, mqs, opts)
+    infos = catalog.infos(mqs)
+    ranges = []
+    for mq in mqs:
+        start = check_data_loss(mq, starts[mq], infos[mq], opts.fail_on_data_loss)
+        ranges.append(QueueRange(mq, start, max(start, min(ends[mq], infos[mq].max_offset))))
+    tasks = plan_tasks(ranges, strategy_of(opts), opts.consumer_group or "", opts.num_partitions,
+                       opts.orderly, opts.min_partitions, opts.client_id)
+    return build_partitions(tasks, opts, catalog)

@@ -1,0 +1,61 @@
+"""The PySpark data source ``format("rmq")``: wiring only.
+
+Options are parsed once by :mod:`rmq_source.options`; queues come from :mod:`rmq_source.catalog`,
+start/end positions from :mod:`rmq_source.positions`, tasks from :mod:`rmq_source.planner`, rows
+from :mod:`rmq_source.partition_reader`, group progress from :mod:`rmq_source.offset_store`.
+"""
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from .errors import RmqOptionError
+from .options import parse_options
+from .partition_reader import read_partition
+from .schema import SPARK_DDL
+from .stream_reader import RmqStreamReader
+from .batch_reader import plan_batch
+
+
+def _check_schema(schema: StructType) -> None:
+    expected = StructType.fromDDL(SPARK_DDL)
+    if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
+        raise RmqOptionError(
+            "the rmq source has a fixed schema; do not pass .schema(...) (expected columns: "
+            f"{', '.join(expected.fieldNames())})")
+
+
+class RmqBatchReader(DataSourceReader):
+    """``spark.read.format("rmq")``: plans queue ranges once, reads them in tasks."""
+
+    def __init__(self, options):
+        self.opts = parse_options(options, streaming=False)
+
+    def partitions(self):
+        return plan_batch(self.opts)
+
+    def read(self, partition):
+        return read_partition(partition)
+
+
+class RocketMQDataSource(DataSource):
+    """Reads Apache RocketMQ topics straight from broker store directories.
+
+    Register with ``spark.dataSource.register(RocketMQDataSource)`` and use
+    ``spark.read.format("rmq")`` or ``spark.readStream.format("rmq")``; see docs/options.md.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "rmq"
+
+    def schema(self) -> str:
+        return SPARK_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        _check_schema(schema)
+        return RmqBatchReader(self.options)
+
+    def streamReader(self, schema: StructType) -> RmqStreamReader:
+        _check_schema(schema)
+        return RmqStreamReader(parse_options(self.options, streaming=True))

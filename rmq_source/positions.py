@@ -1,0 +1,124 @@
+"""Where a query starts and ends in each queue.
+
+Precedence, as in Spark's Kafka source: ``startingTimestamp``/``endingTimestamp`` > explicit
+offsets JSON > ``group`` progress. Starting options only matter for a new query; a restarted
+streaming query resumes from its checkpoint.
+
+* ``earliest`` = the queue's min offset; ``latest`` = its max offset (next to be written);
+  in offsets JSON -2 means earliest and -1 latest.
+* A timestamp resolves per queue to the first message stored at or after it
+  (:meth:`Store.offset_for_timestamp`), so an ending timestamp is exclusive.
+* ``group`` reads the consumer group's progress (our offset store, else the broker's own
+  ``consumerOffset.json``); queues without progress follow ``consumeFromWhere`` like RocketMQ:
+  ``CONSUME_FROM_LAST_OFFSET`` -> max offset, ``CONSUME_FROM_FIRST_OFFSET`` -> min offset,
+  ``CONSUME_FROM_TIMESTAMP`` -> first message stored at or after ``consumeTimestamp``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+from .allocation import MessageQueue
+from .catalog import StoreCatalog
+from .errors import RmqDataLossError, RmqOptionError
+from .store import QueueInfo
+
+log = logging.getLogger(__name__)
+
+EARLIEST, LATEST = -2, -1
+
+
+def _explicit(mq: MessageQueue, value: int, info: QueueInfo) -> int:
+    if value == EARLIEST:
+        return info.min_offset
+    if value == LATEST:
+        return info.max_offset
+    return value
+
+
+def _json_offset(table: Mapping[MessageQueue, int], mq: MessageQueue, option: str) -> int:
+    try:
+        return table[mq]
+    except KeyError:
+        raise RmqOptionError(
+            f"option {option}: no offset given for {mq}; when offsets are given as JSON every "
+            "queue read by the query must be listed (-2 = earliest, -1 = latest)") from None
+
+
+def starting_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts, group_store=None
+                     ) -> dict[MessageQueue, int]:
+    """The first offset to read in each queue for a new query (see module docstring)."""
+    infos = catalog.infos(mqs)
+    out: dict[MessageQueue, int] = {}
+    spec = opts.starting_offsets
+    for mq in mqs:
+        info = infos[mq]
+        if opts.starting_timestamp is not None:
+            out[mq] = catalog.offset_for_timestamp(mq, opts.starting_timestamp)
+        elif isinstance(spec, Mapping):
+            out[mq] = _explicit(mq, _json_offset(spec, mq, "startingOffsets"), info)
+        elif spec == "earliest":
+            out[mq] = info.min_offset
+        elif spec == "latest":
+            out[mq] = info.max_offset
+        elif spec == "group":
+            out[mq] = group_start(catalog, mq, info, opts, group_store)
+        else:
+            raise RmqOptionError(f"option startingOffsets: unsupported value {spec!r}")
+    return out
+
+
+def group_start(catalog: StoreCatalog, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
+    """The group's committed offset for ``mq``, else the ``consumeFromWhere`` position."""
+    committed = group_store.read_offset(mq) if group_store is not None else -1
+    if committed is not None and committed >= 0:
+        return committed
+    where = opts.consume_from_where
+    if where == "CONSUME_FROM_FIRST_OFFSET":
+        return info.min_offset
+    if where == "CONSUME_FROM_TIMESTAMP":
+        return catalog.offset_for_timestamp(mq, opts.consume_timestamp)
+    return info.max_offset
+
+
+def ending_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts) -> dict[MessageQueue, int]:
+    """The exclusive end of a batch read in each queue."""
+    infos = catalog.infos(mqs)
+    out: dict[MessageQueue, int] = {}
+    spec = opts.ending_offsets
+    for mq in mqs:
+        info = infos[mq]
+        if opts.ending_timestamp is not None:
+            out[mq] = catalog.offset_for_timestamp(mq, opts.ending_timestamp)
+        elif isinstance(spec, Mapping):
+            out[mq] = _explicit(mq, _json_offset(spec, mq, "endingOffsets"), info)
+        else:
+            out[mq] = info.max_offset
+    return out
+
+
+def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data_loss: bool) -> int:
+    """The offset to read from when ``wanted`` may lie below the queue's min offset.
+
+    With ``failOnDataLoss`` a needed offset below the min raises :class:`RmqDataLossError` naming
+    the queue and the number of lost messages; otherwise it warns and returns the min offset.
+    An offset above the max (a queue that was recreated, or a bad explicit offset) is clamped to
+    the max the same way.
+    """
+    if wanted < info.min_offset:
+        lost = info.min_offset - wanted
+        msg = (f"{mq}: offsets [{wanted}, {info.min_offset}) ({lost} messages) were deleted by "
+               "retention before they were read")
+        if fail_on_data_loss:
+            raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip to the earliest "
+                                   "available offset")
+        log.warning("%s; skipping to offset %d (failOnDataLoss=false)", msg, info.min_offset)
+        return info.min_offset
+    if wanted > info.max_offset:
+        msg = (f"{mq}: offset {wanted} is beyond the queue's max offset {info.max_offset} "
+               "(the queue was truncated or recreated)")
+        if fail_on_data_loss:
+            raise RmqDataLossError(msg + "; set failOnDataLoss=false to continue from the max offset")
+        log.warning("%s; continuing from %d (failOnDataLoss=false)", msg, info.max_offset)
+        return info.max_offset
+    return wanted

@@ -1,0 +1,39 @@
+"""Pieces shared by the batch and streaming readers: the query's queues, strategy and group store."""
+from __future__ import annotations
+
+from .allocation import MessageQueue, create_strategy
+from .catalog import StoreCatalog
+
+
+def discover_queues(catalog: StoreCatalog, opts) -> list[MessageQueue]:
+    """The queues the query reads now, from exactly one of topic / topicPattern / assign."""
+    if opts.assign is not None:
+        return catalog.queues_for_assign(opts.assign)
+    if opts.topic_pattern is not None:
+        return catalog.queues_for_pattern(opts.topic_pattern)
+    return catalog.queues_for_topics(opts.topics)
+
+
+def strategy_of(opts):
+    """The allocation strategy named by ``allocateStrategy`` with its parameter options."""
+    params = {}
+    if opts.allocate_queues is not None:
+        params["message_queues"] = list(opts.allocate_queues)
+    if opts.consume_rooms is not None:
+        params["consume_rooms"] = set(opts.consume_rooms)
+    if opts.nearby_inner_strategy is not None:
+        inner_params = {}
+        if opts.virtual_node_count is not None and opts.nearby_inner_strategy.upper() == "CONSISTENT_HASH":
+            inner_params["virtual_node_count"] = opts.virtual_node_count
+        params["inner"] = create_strategy(opts.nearby_inner_strategy, **inner_params)
+    elif opts.virtual_node_count is not None:
+        params["virtual_node_count"] = opts.virtual_node_count
+    return create_strategy(opts.allocate_strategy, **params)
+
+
+def open_group_store(opts, catalog: StoreCatalog):
+    """The consumer group's offset store, or None when no ``consumerGroup`` is given."""
+    if not opts.consumer_group:
+        return None
+    from .offset_store import GroupOffsetStore
+    return GroupOffsetStore(opts.offset_store_path, opts.consumer_group, broker_stores=catalog.brokers)
