@@ -477,7 +477,7 @@ class AllocateMessageQueueConsistentHash(AllocationStrategy):
                 point = self._hash(f"{cid}-{i + existing}")
                 previous = ring.get(point)
                 if previous is not None:
-                    pass
+                    replicas[previous] -= 1
                 ring[point] = cid
                 replicas[cid] += 1
         if not ring:

@@ -12,17 +12,16 @@ from pyspark.sql.types import StructType
 from .errors import RmqOptionError
 from .options import parse_options
 from .partition_reader import read_partition
-from .schema import SPARK_DDL
+from .schema import COLUMN_NAMES, SPARK_DDL
 from .stream_reader import RmqStreamReader
 from .batch_reader import plan_batch
 
 
 def _check_schema(schema: StructType) -> None:
-    expected = StructType.fromDDL(SPARK_DDL)
-    if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
+    if schema is not None and tuple(schema.fieldNames()) != COLUMN_NAMES:
         raise RmqOptionError(
             "the rmq source has a fixed schema; do not pass .schema(...) (expected columns: "
-            f"{', '.join(expected.fieldNames())})")
+            f"{', '.join(COLUMN_NAMES)})")
 
 
 class RmqBatchReader(DataSourceReader):

@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 from .allocation import MessageQueue
 from .errors import RmqOptionError, RmqStoreLayoutError
+from .offset_store import check_offset_store_path
 from .statefile import check_group
 from .subscription import Subscription
 
@@ -68,7 +69,8 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "storePath": ("required unless brokers",
                   "Root directory of one broker's store (the folder holding commitlog/, "
                   "consumequeue/ and config/)."),
-    "path": ("none", "Set by Spark's load(path); the same as storePath (give only one of them)."),
+    "path": ("none", "Set by Spark's load(path); the same as storePath (if both are given they "
+                     "must be equal)."),
     "brokers": ("none",
                 "Several stores: brokerA=/path/a,brokerB=/path/b (unique names, one store each; "
                 "paths cannot contain ','). Exclusive with storePath/brokerName."),
@@ -408,24 +410,6 @@ def _default_client_id() -> str:
     return f"rmq_source-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _inside(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
-def _check_offset_store_path(path: str, brokers: Mapping[str, str], given: str | None) -> None:
-    """The group offset files (``<path>/<broker>/consumerOffset.json``) must stay out of every
-    broker's ``config/`` folder, so the broker's own consumerOffset.json is never written."""
-    for root in brokers.values():
-        config_dir = os.path.realpath(os.path.join(root, "config"))
-        for broker in brokers:
-            target = os.path.realpath(os.path.join(path, broker))
-            if _inside(target, config_dir):
-                raise _fail("offsetStorePath", given if given is not None else path,
-                            f"the offsets of broker {broker!r} would be written into {target}, "
-                            f"inside the broker's config folder {config_dir}; choose a directory "
-                            "outside every broker's config/")
-
-
 # ------------------------------------------------------------------------------------------
 # parse_options
 # ------------------------------------------------------------------------------------------
@@ -710,7 +694,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     required = {"CONFIG": "allocateQueues", "MACHINE_ROOM": "consumeRooms",
                 "MACHINE_ROOM_NEARBY": "nearbyInnerStrategy"}.get(strategy)
     if required and required not in opts:
-        raise RmqOptionError(f"allocateStrategy {strategy} requires option {required}")
+        raise RmqOptionError(f"allocateStrategy {strategy} requires option {required}: "
+                             + OPTION_DOCS[required][1])
     allocate_queues = None
     if "allocateQueues" in opts:
         table = _parse_queue_json("allocateQueues", opts["allocateQueues"], brokers)
@@ -748,7 +733,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     elif group is not None:
         offset_store_path = os.path.join(next(iter(brokers.values())), DEFAULT_OFFSET_STORE_DIRNAME)
     if offset_store_path is not None:
-        _check_offset_store_path(offset_store_path, brokers, opts.get("offsetStorePath"))
+        check_offset_store_path(offset_store_path, brokers, brokers)
 
     # Locks (ordered mode)
     lock_values = {}

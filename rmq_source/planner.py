@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from .allocation import MessageQueue
+from .allocation import MessageQueue, java_string_key
 from .errors import RmqAllocationError
 
 
@@ -73,11 +73,13 @@ def allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[st
                    ) -> dict[str, list[MessageQueue]]:
     """Queue -> slot allocation; every queue must go to exactly one slot."""
     mq_all = sorted(mqs)
-    cid_all = sorted(slots)
+    known = set(mq_all)
+    cid_all = sorted(slots, key=java_string_key)
     owner: dict[MessageQueue, str] = {}
     out: dict[str, list[MessageQueue]] = {}
     for slot in cid_all:
-        got = strategy.allocate(group, slot, mq_all, cid_all)
+        # CONFIG may name queues this query does not read: they are not this query's to read.
+        got = [mq for mq in strategy.allocate(group, slot, mq_all, cid_all) if mq in known]
         for mq in got:
             if mq in owner:
                 raise RmqAllocationError(

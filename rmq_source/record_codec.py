@@ -164,13 +164,27 @@ class UniqKeyFactory:
             self._month_end = int(nxt.replace(tzinfo=None).astimezone().timestamp() * 1000)
         return self._month_start
 
-    def create(self, ip: bytes, born_ms: int) -> str:
+    def prefix(self, ip: bytes, born_ms: int) -> str:
+        """Everything but the counter: ip, pid, class-loader hash and time, as uppercase hex."""
         prefix = self._prefixes.get(ip)
         if prefix is None:
             prefix = (ip + struct.pack(">HI", os.getpid() & 0xFFFF, _CLASSLOADER_HASH)).hex().upper()
             self._prefixes[ip] = prefix
         delta = (born_ms - self._month(born_ms)) & 0xFFFFFFFF
-        return f"{prefix}{delta:08X}{next(_COUNTER) & 0xFFFF:04X}"
+        return f"{prefix}{delta:08X}"
+
+    def create(self, ip: bytes, born_ms: int) -> str:
+        return self.prefix(ip, born_ms) + next_counter_hex()
+
+
+_COUNTER_HEX: list[str] = []
+
+
+def next_counter_hex() -> str:
+    """The next value of the per-process UNIQ_KEY counter, low 16 bits as 4 uppercase hex digits."""
+    if not _COUNTER_HEX:
+        _COUNTER_HEX.extend(f"{i:04X}" for i in range(1 << 16))
+    return _COUNTER_HEX[next(_COUNTER) & 0xFFFF]
 
 
 # ------------------------------------------------------------------------------------- properties

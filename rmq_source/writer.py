@@ -23,7 +23,7 @@ import re
 import struct
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
@@ -47,6 +47,11 @@ _CHECKPOINT = struct.Struct(">qqq")
 _I64 = struct.Struct(">q")
 
 _locked_roots: set[str] = set()   # POSIX record locks do not exclude the same process
+_ZEROS = (0, 0, 0, 0)
+_CQ_PACK = rc.CQ_UNIT.pack_into
+_tuple_new = tuple.__new__
+_COUNTER = rc._COUNTER
+_COUNTER_HEX = [f"{i:04X}".encode("ascii") for i in range(1 << 16)]   # UNIQ_KEY counter part
 
 
 class AppendResult(NamedTuple):
@@ -168,12 +173,14 @@ class _MappedFile:
 class _Queue:
     """Write state of one ConsumeQueue: ``next_offset`` is the queue offset the next unit gets."""
 
-    __slots__ = ("topic", "queue_id", "folder", "next_offset", "file", "file_first", "file_end")
+    __slots__ = ("topic", "queue_id", "folder", "next_offset", "file", "mm", "file_first",
+                 "file_end")
 
     def __init__(self, topic: str, queue_id: int, folder: Path, next_offset: int):
         self.topic, self.queue_id, self.folder = topic, queue_id, folder
         self.next_offset = next_offset
         self.file: _MappedFile | None = None
+        self.mm: mmap.mmap | None = None
         self.file_first = 0   # queue offset of the first unit of the mapped file
         self.file_end = 0     # one past its last unit
 
@@ -188,6 +195,14 @@ class _Topic:
     order: bool
     extra: dict          # fields of an existing topics.json entry we do not manage
     round_robin: int = 0
+    sized_from_folders: bool = False   # no topics.json entry: queue count taken from the folders
+    queue_list: list = field(default_factory=list)   # queue id -> _Queue (or None), for speed
+
+    def __post_init__(self) -> None:
+        v2 = len(self.raw) > rc.V1_MAX_TOPIC_LENGTH
+        self.magic = rc.MAGIC_V2 if v2 else rc.MAGIC_V1
+        self.len_bytes = len(self.raw).to_bytes(2 if v2 else 1, "big")
+        self.len_part = len(self.len_bytes) + len(self.raw)   # TOPICLENGTH field + topic
 
 
 class StoreWriter:
@@ -215,7 +230,7 @@ class StoreWriter:
             raise RmqOptionError(f"properties_style={properties_style!r} must be one of "
                                  f"{', '.join(rc.PROPERTIES_STYLES)}")
         if commitlog_file_size is not None:
-            _int_arg("commitlog_file_size", commitlog_file_size, 4096, _INT32_MAX + 1)
+            _int_arg("commitlog_file_size", commitlog_file_size, 128, _INT32_MAX)
         if cq_units_per_file is not None:
             _int_arg("cq_units_per_file", cq_units_per_file, 1, _INT32_MAX // rc.CQ_UNIT_SIZE)
         self._level = _int_arg("compression_level", compression_level, 0, 22)
@@ -227,7 +242,17 @@ class StoreWriter:
         self.born_host = _host(born_host, "born_host")
         self._store_host_text, self._born_host_text = store_host, born_host
         self._uniq = rc.UniqKeyFactory()
-        self._tags_codes: dict[str, int] = {}
+        # TAGS value (None = no tag) -> (tagsCode, property bytes before the UNIQ_KEY value)
+        self._tag_props: dict[str | None, tuple[int, bytes]] = {None: (0, b"UNIQ_KEY\x01")}
+        self._props_tail = b"\x02WAIT\x01true" + (b"\x02" if properties_style == "5.3.3" else b"")
+        self._uk_ms = -1
+        self._uk_prefix = b""
+        self._bh_field, self._sh_field = self.born_host.field, self.store_host.field
+        self._head = rc.header_struct(len(self._bh_field), len(self._sh_field))
+        self._sh_hex = self._sh_field.hex().upper()
+        self._sys_flag = ((rc.FLAG_BORNHOST_V6 if self.born_host.is_v6 else 0)
+                          | (rc.FLAG_STOREHOST_V6 if self.store_host.is_v6 else 0))
+        self._fixed_len = 74 + len(self._bh_field) + len(self._sh_field)
         self._topics: dict[str, _Topic] = {}
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._other_topics: dict[str, dict] = {}
@@ -254,6 +279,8 @@ class StoreWriter:
             self.commitlog_file_size = self._infer_commitlog_size(commitlog_file_size)
             self.cq_file_size = self._infer_cq_size(cq_units_per_file)
             self.cq_units_per_file = self.cq_file_size // rc.CQ_UNIT_SIZE
+            # records up to this size need no further size check (larger: general path decides)
+            self._fast_max_total = min(self._max_message_size, self.commitlog_file_size - 8)
             self._load_topics()
             self._recover()
             if self._topics_dirty or not (self.root / "config" / "topics.json").exists():
@@ -334,8 +361,8 @@ class StoreWriter:
             self._data_version = {"counter": 0, "timestamp": rc.now_ms()}
             if set(self.broker_name) <= rc.TOPIC_CHARS:
                 # the broker creates a topic named after itself (1 queue, perm 7); a hint for readers
-                self._other_topics[self.broker_name] = self._topic_json(
-                    self.broker_name, 1, 1, 7, False, {})
+                self._adopt_topic(self.broker_name, {"readQueueNums": 1, "writeQueueNums": 1,
+                                                     "perm": 7})
             return
         if not isinstance(data, dict) or not isinstance(data.get("topicConfigTable", {}), dict):
             raise RmqStoreLayoutError(f"{self.root}/config/topics.json: no topicConfigTable object")
@@ -345,7 +372,7 @@ class StoreWriter:
             if not isinstance(cfg, dict):
                 raise RmqStoreLayoutError(f"{self.root}/config/topics.json: entry {name!r} is not an "
                                           "object")
-            if (self._cq_root / name).is_dir() and set(name) <= rc.TOPIC_CHARS:
+            if isinstance(name, str) and name and set(name) <= rc.TOPIC_CHARS:
                 self._adopt_topic(name, cfg)
             else:
                 self._other_topics[name] = cfg
@@ -474,6 +501,7 @@ class StoreWriter:
             _zero_from(self._next_cl.mm, 0)
         for (topic, qid), next_offset in max_offsets.items():
             self._queue(topic, qid, next_offset)
+        # from the last dispatched record on: it gives the last store timestamp, later ones get units
         self._redispatch(max(cq_max_phy, cl_min), end)
 
     def _list_queues(self) -> dict[tuple[str, int], list[tuple[int, Path]]]:
@@ -484,12 +512,13 @@ class StoreWriter:
             if not topic_dir.is_dir():
                 continue
             for qdir in sorted(topic_dir.iterdir()):
-                if qdir.is_dir() and re.fullmatch(r"-?\d+", qdir.name):
+                if qdir.is_dir() and re.fullmatch(r"\d+", qdir.name):
                     found[(topic_dir.name, int(qdir.name))] = _list_files(qdir)
         return found
 
     def _recover_queues(self, native, queue_files, cl_end: int):
-        """Max offset of every queue (§2.4) after dropping units that point past the CommitLog end."""
+        """Max offset of every queue (§2.4) after dropping units that point past the CommitLog end,
+        and the largest physical offset a remaining unit points at (0 when there is none)."""
         max_offsets: dict[tuple[str, int], int] = {}
         cq_max_phy = 0
         fsize = self.cq_file_size
@@ -516,15 +545,16 @@ class StoreWriter:
                     phy, usize, _ = rc.CQ_UNIT.unpack(f.read(rc.CQ_UNIT_SIZE))
                     if phy + usize <= cl_end or usize == 0x7FFFFFFF:
                         if usize != 0x7FFFFFFF:
-                            cq_max_phy = max(cq_max_phy, phy + usize)
+                            cq_max_phy = max(cq_max_phy, phy)
                         break
                     f.seek(end - rc.CQ_UNIT_SIZE - start)
                     f.write(bytes(rc.CQ_UNIT_SIZE))
                 end -= rc.CQ_UNIT_SIZE
+            active = end - end % fsize
             for start, path in files:
-                if start > end - end % fsize and not (end % fsize == 0 and start == end):
+                if start > active:
                     path.unlink()
-                elif start >= end - end % fsize:
+                elif start == active and path.stat().st_size:
                     with open(path, "r+b") as f:
                         mm = mmap.mmap(f.fileno(), 0)
                         try:
@@ -559,6 +589,8 @@ class StoreWriter:
         if rec.sys_flag & rc.TX_MASK in (rc.TX_PREPARED, rc.TX_ROLLBACK):
             return
         q = self._queue(rec.topic, rec.queue_id, 0)
+        if q.next_offset == 0 and q.file is None and not _list_files(q.folder):
+            q.next_offset = rec.queue_offset   # queue rebuilt from a CommitLog that starts later
         if rec.queue_offset < q.next_offset:
             return
         if rec.queue_offset > q.next_offset:
@@ -566,7 +598,7 @@ class StoreWriter:
                 f"{path}: record at physical offset {phy} has queue offset {rec.queue_offset} but "
                 f"queue {rec.topic}/{rec.queue_id} ends at {q.next_offset}", path=str(path),
                 position=phy % self.commitlog_file_size, code="QUEUE_GAP")
-        self._put_unit(q, phy, rec.total_size, self._tags_code(rec.properties.get("TAGS")))
+        self._put_unit(q, phy, rec.total_size, tags_code(rec.properties.get("TAGS")))
         self._last_dispatch_ts = max(self._last_dispatch_ts, rec.store_timestamp)
 
     def _queue(self, topic: str, queue_id: int, next_offset: int) -> _Queue:
@@ -580,11 +612,17 @@ class StoreWriter:
                 t = self._adopt_topic(topic, cfg)
                 if not cfg:
                     t.read_queues = t.write_queues = queue_id + 1
+                    t.sized_from_folders = True
                 self._topics_dirty = True
-            t = self._topics.get(topic)
-            if t is not None and queue_id >= t.write_queues and queue_id >= t.read_queues:
-                t.read_queues = t.write_queues = queue_id + 1
-                self._topics_dirty = True
+            elif topic in self._topics:
+                t = self._topics[topic]
+                if t.sized_from_folders and queue_id >= t.write_queues:
+                    t.read_queues = t.write_queues = queue_id + 1
+        t = self._topics.get(topic)
+        if t is not None:
+            if len(t.queue_list) <= queue_id:
+                t.queue_list.extend([None] * (queue_id + 1 - len(t.queue_list)))
+            t.queue_list[queue_id] = q
         return q
 
     # --------------------------------------------------------------------------------- CommitLog
@@ -616,19 +654,21 @@ class StoreWriter:
         if q.file is None or not (q.file_first <= off < q.file_end):
             self._map_queue_file(q, off)
         pos = (off - q.file_first) * 20
-        rc.CQ_UNIT.pack_into(q.file.mm, pos, phy, size, code)
+        _CQ_PACK(q.mm, pos, phy, size, code)
         q.next_offset = off + 1
 
     def _map_queue_file(self, q: _Queue, offset: int) -> None:
         if q.file is not None:
             q.file.close()
-            q.file = None
+            q.file = q.mm = None
+            q.file_first = q.file_end = 0
         units = self.cq_units_per_file
         first = offset - offset % units
         q.folder.mkdir(parents=True, exist_ok=True)
         path = q.folder / _file_name(first * rc.CQ_UNIT_SIZE)
         new = not path.exists()
         q.file = _MappedFile(path, first * rc.CQ_UNIT_SIZE, self.cq_file_size, create=True)
+        q.mm = q.file.mm
         q.file_first, q.file_end = first, first + units
         if new and offset > first and not _list_files(q.folder)[:-1]:
             # first file of a queue starting mid-file: the broker fills it with pre-blank units
@@ -636,14 +676,15 @@ class StoreWriter:
             q.file.mm[0:(offset - first) * 20] = blank * (offset - first)
 
     def _tags_code(self, tags: str | None) -> int:
+        """tagsCode of a validated TAGS value; remembers the tag for append's fast path."""
         if not tags:
             return 0
-        code = self._tags_codes.get(tags)
-        if code is None:
-            code = tags_code(tags)
-            if len(self._tags_codes) < 65536:
-                self._tags_codes[tags] = code
-        return code
+        info = self._tag_props.get(tags)
+        if info is None:
+            info = (tags_code(tags), b"TAGS\x01" + tags.encode("utf-8") + b"\x02UNIQ_KEY\x01")
+            if len(self._tag_props) < 4096:
+                self._tag_props[tags] = info
+        return info[0]
 
     # ------------------------------------------------------------------------------------ append
 
@@ -755,6 +796,92 @@ class StoreWriter:
         bytes). ``sys_flag_extra`` may set MULTI_TAGS (0x2) and the transaction type (0x4, 0x8, 0xC);
         PREPARED and ROLLBACK records get queue offset 0 and no ConsumeQueue unit, as in the broker.
         """
+        # Fast path for the common shape (bytes body, known topic, known tag or none, default hosts
+        # and timestamps); it writes exactly the bytes _append_general writes for the same message.
+        t = self._topics.get(topic)
+        tag_info = self._tag_props.get(tags) if (tags is None or type(tags) is str) else None
+        if (t is None or tag_info is None or type(body) is not bytes or selector is not None
+                or keys is not None or properties is not None or uniq_key is not None
+                or born_host is not None or store_host is not None or compression is not None
+                or born_timestamp is not None or store_timestamp is not None or self._closed
+                or (flag, reconsume_times, prepared_transaction_offset, sys_flag_extra) != _ZEROS):
+            return self._append_general(
+                topic, body, queue_id=queue_id, selector=selector, selector_arg=selector_arg,
+                tags=tags, keys=keys, properties=properties, flag=flag,
+                born_timestamp=born_timestamp, store_timestamp=store_timestamp, born_host=born_host,
+                store_host=store_host, compression=compression, reconsume_times=reconsume_times,
+                uniq_key=uniq_key, prepared_transaction_offset=prepared_transaction_offset,
+                sys_flag_extra=sys_flag_extra)
+        n = t.write_queues
+        if queue_id is None:
+            qid = t.round_robin % n
+            t.round_robin = qid + 1
+        elif type(queue_id) is int and 0 <= queue_id < n:
+            qid = queue_id
+        else:
+            return self._append_general(topic, body, queue_id=queue_id, tags=tags)
+        now = time.time_ns() // 1_000_000
+        if now < self._last_store_ts:
+            now = self._last_store_ts
+        if now != self._uk_ms:
+            self._uk_ms = now
+            self._uk_prefix = self._uniq.prefix(self.born_host.address, now).encode("ascii")
+        code, props_head = tag_info
+        uk_prefix = self._uk_prefix
+        props_len = len(props_head) + len(uk_prefix) + 4 + len(self._props_tail)
+        total = self._fixed_len + len(body) + t.len_part + props_len
+        if total > self._fast_max_total:
+            return self._append_general(topic, body, queue_id=qid, tags=tags)
+        q = t.queue_list[qid] if qid < len(t.queue_list) else None
+        if q is None:
+            q = self._queue(topic, qid, 0)
+        off = q.next_offset
+        if self._pos + total + 8 > self._cl.size:
+            self._roll()
+        cl = self._cl
+        pos = self._pos
+        phy = cl.start + pos
+        record = b"".join((
+            self._head.pack(total, t.magic, zlib.crc32(body) & 0x7FFFFFFF, qid, 0, off, phy,
+                            self._sys_flag, now, self._bh_field, now, self._sh_field, 0, 0,
+                            len(body)),
+            body, t.len_bytes, t.raw, props_len.to_bytes(2, "big"), props_head, uk_prefix,
+            _COUNTER_HEX[next(_COUNTER) & 0xFFFF], self._props_tail))
+        mm = cl.mm
+        mm[pos + 8:pos + total] = memoryview(record)[8:]
+        mm[pos:pos + 8] = record[:8]
+        self._pos = pos + total
+        self._last_store_ts = self._last_dispatch_ts = now
+        if q.file_first <= off < q.file_end:
+            _CQ_PACK(q.mm, (off - q.file_first) * 20, phy, total, code)
+            q.next_offset = off + 1
+        else:
+            self._put_unit(q, phy, total, code)
+        return _tuple_new(AppendResult, (topic, qid, off, phy, total,
+                                         self._sh_hex + format(phy, "016X")))
+
+    def _append_general(self, topic: str, body: bytes = b"", *, queue_id: int | None = None,
+               selector: QueueSelector | None = None, selector_arg: Any = None,
+               tags: str | None = None, keys: str | Iterable[str] | None = None,
+               properties: Mapping[str, str | None] | None = None, flag: int = 0,
+               born_timestamp: int | None = None, store_timestamp: int | None = None,
+               born_host: str | None = None, store_host: str | None = None,
+               compression: str | None = None, reconsume_times: int = 0,
+               uniq_key: str | None = None, prepared_transaction_offset: int = 0,
+               sys_flag_extra: int = 0) -> AppendResult:
+        """Append one message; returns where it went.
+
+        Queue: ``queue_id``, else ``selector(queue_ids, Message, selector_arg)`` (like RocketMQ's
+        ``MessageQueueSelector``), else round robin over the topic's write queues. Properties are
+        ``TAGS``, ``KEYS`` (a string as is, or a list joined by ``' '``), ``UNIQ_KEY`` (given or
+        generated like ``MessageClientIDSetter``), ``WAIT=true``, then ``properties``; a ``None``
+        value in ``properties`` removes that entry (e.g. ``{"UNIQ_KEY": None}``). Timestamps are epoch
+        ms; the store timestamp defaults to now and never decreases within this writer (an explicit
+        smaller one is an error); the born timestamp defaults to the store timestamp.
+        ``compression`` ``"zlib"``/``"lz4"``/``"zstd"`` compresses the body (BODYCRC covers the stored
+        bytes). ``sys_flag_extra`` may set MULTI_TAGS (0x2) and the transaction type (0x4, 0x8, 0xC);
+        PREPARED and ROLLBACK records get queue offset 0 and no ConsumeQueue unit, as in the broker.
+        """
         if self._closed:
             raise RmqOptionError("StoreWriter is closed")
         t = self._topics.get(topic)
@@ -765,7 +892,7 @@ class StoreWriter:
         if not isinstance(body, (bytes, bytearray, memoryview)):
             raise RmqOptionError(f"body must be bytes, got {type(body).__name__}")
         body = bytes(body)
-        if flag or reconsume_times or prepared_transaction_offset or sys_flag_extra:
+        if (flag, reconsume_times, prepared_transaction_offset, sys_flag_extra) != (0, 0, 0, 0):
             _int_arg("flag", flag, -(1 << 31), _INT32_MAX)
             _int_arg("reconsume_times", reconsume_times, 0, _INT32_MAX)
             _int_arg("prepared_transaction_offset", prepared_transaction_offset, 0, _INT64_MAX)

@@ -1,0 +1,434 @@
+"""Python face of the C core (``native/rmq_core.c``): mapped files, CommitLog/ConsumeQueue reads.
+
+Offsets: a *physical offset* is a byte address in the CommitLog (global across its files); a
+*queue offset* is the index of a 20-byte ConsumeQueue unit. Ranges are half-open ``[start, end)``.
+
+Every function validates its arguments here, before calling C, and turns a C error into an
+``rmq_source.errors`` exception carrying the C message (file path, byte position, physical and
+queue offset): corrupt bytes raise :class:`RmqCorruptStoreError` (``.path``, ``.position``,
+``.code``), missing files :class:`RmqStoreLayoutError`, bad arguments :class:`RmqOptionError`.
+
+The extension is built by setup.py (``rmq_source._native``); importing never compiles. With the
+environment variable ``RMQ_NATIVE=asan`` the AddressSanitizer build made by
+``native/asan_build.py`` (module ``_rmq_native_asan``, found on ``sys.path``) is used instead.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from . import errors
+from .errors import RmqCorruptStoreError, RmqOptionError, RmqSourceError, RmqStoreLayoutError
+from .schema import ARROW_SCHEMA
+
+if os.environ.get("RMQ_NATIVE", "") == "asan":
+    from _rmq_native_asan import ffi, lib  # type: ignore[import-not-found]
+else:
+    try:
+        from ._native import ffi, lib  # type: ignore[attr-defined]
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            "the C core rmq_source._native is not built; run `pip install -e .` (or "
+            "`python setup.py build_ext --inplace`) in the project root") from exc
+
+__all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
+           "ScanResult", "scan_queue", "lookup_time", "NATIVE_SCHEMA", "RmqStoreIOError",
+           "CQ_UNIT_SIZE"]
+
+CQ_UNIT_SIZE = 20
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+_MAX_QUEUE_OFFSET = INT64_MAX // CQ_UNIT_SIZE
+
+#: The 19 columns a scan returns: ARROW_SCHEMA without topic and brokerName, same order.
+NATIVE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in ("topic", "brokerName")])
+
+_STATUS = {lib.RMQ_ST_END: "END", lib.RMQ_ST_FULL: "FULL", lib.RMQ_ST_CQ_END: "CQ_END",
+           lib.RMQ_ST_CL_GONE: "CL_GONE"}
+_CORRUPT = {lib.RMQ_E_BAD_MAGIC, lib.RMQ_E_TRUNCATED, lib.RMQ_E_SIZE_MISMATCH,
+            lib.RMQ_E_NEGATIVE_LENGTH, lib.RMQ_E_UNIT_OUT_OF_RANGE, lib.RMQ_E_BAD_UTF8,
+            lib.RMQ_E_CRC_MISMATCH, lib.RMQ_E_BAD_UNIT}
+
+
+class _StoreIOError(RmqSourceError, OSError):
+    """A store file exists but cannot be opened, inspected or mapped."""
+
+
+#: errors.RmqStoreIOError when the lead adds it there; this module's class otherwise.
+RmqStoreIOError = getattr(errors, "RmqStoreIOError", _StoreIOError)
+
+
+def _raise(err) -> None:
+    """Turn a filled ``rmq_error`` into the matching exception."""
+    code = err.code
+    message = ffi.string(err.message).decode("utf-8", "replace")
+    path = ffi.string(err.path).decode("utf-8", "surrogateescape") or None
+    position = err.position if err.position >= 0 else None
+    if code in _CORRUPT:
+        raise RmqCorruptStoreError(message, path=path, position=position,
+                                   code=ffi.string(lib.rmq_code_name(code)).decode())
+    if code == lib.RMQ_E_MISSING_FILE:
+        raise RmqStoreLayoutError(message)
+    if code == lib.RMQ_E_IO:
+        raise RmqStoreIOError(err.sys_errno or None, message, path)
+    if code == lib.RMQ_E_NOMEM:
+        raise MemoryError(message)
+    raise RmqOptionError(message)
+
+
+def _check_int(name: str, value, lo: int = 0, hi: int = INT64_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RmqOptionError(f"{name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise RmqOptionError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+# -- mapped files ----------------------------------------------------------------------------
+
+class Segment:
+    """One file mapped read-only by the C core (open/fstat/mmap PROT_READ, MAP_SHARED).
+
+    ``path`` is the file, ``file_start`` the address of its first byte in its queue (the numeric
+    file name), ``size`` its length in bytes when mapped (0: empty file, nothing mapped).
+    :meth:`close` drops this object's hold on the mapping; the mapping itself is released when no
+    :class:`CommitLog` or running call uses it any more (ffi.gc), so closing never invalidates
+    memory still in use.
+    """
+
+    def __init__(self, handle, path: str, file_start: int, size: int):
+        self._handle = handle
+        self.path = path
+        self.file_start = file_start
+        self.size = size
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        self._handle = None
+
+    def _live(self):
+        if self._handle is None:
+            raise RmqOptionError(f"segment {self.path} is closed")
+        return self._handle
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"size={self.size}"
+        return f"Segment({self.path!r}, file_start={self.file_start}, {state})"
+
+
+def map_segment(path: str | os.PathLike, file_start: int) -> Segment:
+    """Map ``path`` read-only; ``file_start`` is its start address (the 20-digit file name).
+
+    Raises :class:`RmqStoreLayoutError` if the file does not exist, :class:`RmqStoreIOError` (an
+    ``OSError``) if it cannot be opened or mapped.
+    """
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise RmqOptionError(f"path must be a non-empty string, got {path!r}")
+    _check_int("file_start", file_start)
+    err = ffi.new("rmq_error *")
+    ptr = lib.rmq_segment_open(path.encode("utf-8", "surrogateescape"), file_start, err)
+    if ptr == ffi.NULL:
+        _raise(err)
+    handle = ffi.gc(ptr, lib.rmq_segment_close)
+    return Segment(handle, path, file_start, int(ptr.size))
+
+
+class _Files:
+    """A C ``rmq_files`` view of consecutive segments; keeps the segment handles alive."""
+
+    __slots__ = ("handles", "array", "struct")
+
+    def __init__(self, segments, file_size: int, what: str):
+        if isinstance(segments, Segment):
+            raise RmqOptionError(f"{what} segments must be a list of Segment, got one Segment")
+        segments = list(segments)
+        _check_int(f"{what} file size", file_size, 1)
+        for i, seg in enumerate(segments):
+            if not isinstance(seg, Segment):
+                raise RmqOptionError(f"{what} segments must be Segment objects, got {seg!r}")
+            if seg.size > file_size:
+                raise RmqStoreLayoutError(
+                    f"{what} file {seg.path} has {seg.size} bytes, more than the file size "
+                    f"{file_size}")
+            if i:
+                prev = segments[i - 1]
+                if seg.file_start <= prev.file_start:
+                    raise RmqOptionError(
+                        f"{what} segments must be sorted by file_start: {prev.path} "
+                        f"({prev.file_start}) comes before {seg.path} ({seg.file_start})")
+                if seg.file_start != prev.file_start + file_size:
+                    raise RmqStoreLayoutError(
+                        f"{what} file missing between {prev.path} (start {prev.file_start}) and "
+                        f"{seg.path} (start {seg.file_start}); files must be consecutive with "
+                        f"file size {file_size}")
+        self.handles = tuple(seg._live() for seg in segments)
+        self.array = ffi.new("rmq_segment *[]", max(len(self.handles), 1))
+        for i, h in enumerate(self.handles):
+            self.array[i] = h
+        self.struct = ffi.new("rmq_files *", {"segs": self.array, "count": len(self.handles),
+                                              "file_size": file_size})
+
+
+class CommitLog:
+    """The CommitLog address space as a list of mapped files.
+
+    ``segments`` are sorted by ``file_start`` and consecutive (each starts ``file_size`` bytes
+    after the previous one); ``min_offset`` is the first segment's ``file_start`` (0 when empty):
+    records below it were deleted by retention.
+    """
+
+    def __init__(self, segments: list[Segment], file_size: int):
+        self.segments = list(segments)
+        self.file_size = file_size
+        self._files = _Files(self.segments, file_size, "CommitLog")
+        self.min_offset = self.segments[0].file_start if self.segments else 0
+
+    def valid_end(self, verify_crc: bool = False) -> int:
+        """Physical offset one past the last valid record, found as the broker recovers (§2.3).
+
+        The walk starts at position 0 of the third-from-last file; a record that is valid (magic,
+        length rule, inside its file, and BODYCRC when ``verify_crc``) advances; a BLANK jumps to
+        the next file (in the last file it ends the walk at the BLANK); anything else ends it.
+        """
+        out = ffi.new("int64_t *")
+        err = ffi.new("rmq_error *")
+        if lib.rmq_commitlog_valid_end(self._files.struct, bool(verify_crc), out, err):
+            _raise(err)
+        return int(out[0])
+
+    def store_timestamp(self, phy_offset: int, size: int) -> int:
+        """STORETIMESTAMP (epoch ms) of the record at ``phy_offset`` whose TOTALSIZE is ``size``."""
+        _check_int("phy_offset", phy_offset)
+        _check_int("size", size, 1, INT32_MAX)
+        out = ffi.new("int64_t *")
+        err = ffi.new("rmq_error *")
+        if lib.rmq_store_timestamp(self._files.struct, phy_offset, size, out, err):
+            _raise(err)
+        return int(out[0])
+
+    def __repr__(self) -> str:
+        return f"CommitLog({len(self.segments)} files, file_size={self.file_size})"
+
+
+def cq_valid_units(seg: Segment) -> int:
+    """Number of leading valid 20-byte units of a ConsumeQueue file (§2.4: phy >= 0, size > 0)."""
+    if not isinstance(seg, Segment):
+        raise RmqOptionError(f"seg must be a Segment, got {seg!r}")
+    return int(lib.rmq_cq_valid_units(seg._live()))
+
+
+def cq_first_unit_at_or_above(seg: Segment, phy_min: int) -> int:
+    """Index (in the file) of the first valid, non-pre-blank unit with phy >= ``phy_min``.
+
+    Only the leading valid units are considered; when none qualifies the result is their count
+    (:func:`cq_valid_units`). Pre-blank filler units (0, 0x7FFFFFFF, 0) never qualify.
+    """
+    if not isinstance(seg, Segment):
+        raise RmqOptionError(f"seg must be a Segment, got {seg!r}")
+    _check_int("phy_min", phy_min)
+    return int(lib.rmq_cq_first_unit_at_or_above(seg._live(), phy_min))
+
+
+def _check_cq(cq_segments, cq_file_size: int) -> _Files:
+    _check_int("cq_file_size", cq_file_size, CQ_UNIT_SIZE)
+    if cq_file_size % CQ_UNIT_SIZE:
+        raise RmqOptionError(f"cq_file_size must be a multiple of 20, got {cq_file_size}")
+    files = _Files(cq_segments, cq_file_size, "ConsumeQueue")
+    return files
+
+
+def _check_commitlog(commitlog) -> CommitLog:
+    if not isinstance(commitlog, CommitLog):
+        raise RmqOptionError(f"commitlog must be a CommitLog, got {commitlog!r}")
+    for seg in commitlog.segments:
+        seg._live()
+    return commitlog
+
+
+# -- scanning --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScanResult:
+    """Outcome of :func:`scan_queue`.
+
+    ``batch``: NATIVE_SCHEMA columns (bodies as stored, still compressed when sysFlag & 1).
+    ``next_offset``: queue offset where scanning stopped; every unit of ``[start, next_offset)``
+    was examined (accepted or filtered out). ``scanned`` = ``next_offset - start``.
+    ``status``: "END" (reached ``end``), "FULL" (max_rows/max_bytes reached), "CQ_END" (unit at
+    ``next_offset`` not written yet), "CL_GONE" (unit at ``next_offset`` points below
+    ``commitlog.min_offset``: retention deleted its record).
+    """
+
+    batch: pa.RecordBatch
+    next_offset: int
+    scanned: int
+    status: str
+
+
+_TS = ARROW_SCHEMA.field("bornTimestamp").type
+_KEYS_TYPE = ARROW_SCHEMA.field("keys").type
+_PROPS_TYPE = ARROW_SCHEMA.field("properties").type
+_PROPS_FIELDS = [_PROPS_TYPE.key_field, _PROPS_TYPE.item_field]
+
+
+def _wrap(batch_ptr) -> pa.RecordBatch:
+    """Arrow arrays over the C buffers, zero-copy; the buffers live as long as any array."""
+    keep = ffi.gc(batch_ptr, lib.rmq_batch_free)
+    n = int(keep.rows)
+    bufs = keep.bufs
+
+    def buf(i):
+        b = bufs[i]
+        return pa.foreign_buffer(int(ffi.cast("uintptr_t", b.data)), int(b.len), base=keep)
+
+    def fixed(t, i):
+        return pa.Array.from_buffers(t, n, [None, buf(i)], null_count=0)
+
+    def string(off, data, length=n, valid=None, nulls=0):
+        return pa.Array.from_buffers(pa.string(), length,
+                                     [buf(valid) if nulls else None, buf(off), buf(data)],
+                                     null_count=nulls)
+
+    nk = int(keep.key_items)
+    npr = int(keep.prop_items)
+    key_items = string(lib.RMQ_B_KEYITEM_OFF, lib.RMQ_B_KEYITEM_DATA, nk)
+    null_keys = int(keep.null_keys)
+    keys = pa.Array.from_buffers(
+        _KEYS_TYPE, n, [buf(lib.RMQ_B_KEYS_VALID) if null_keys else None, buf(lib.RMQ_B_KEYS_OFF)],
+        null_count=null_keys, children=[key_items])
+    entries = pa.StructArray.from_arrays(
+        [string(lib.RMQ_B_PKEY_OFF, lib.RMQ_B_PKEY_DATA, npr),
+         string(lib.RMQ_B_PVAL_OFF, lib.RMQ_B_PVAL_DATA, npr)], fields=_PROPS_FIELDS)
+    props = pa.Array.from_buffers(_PROPS_TYPE, n, [None, buf(lib.RMQ_B_PROPS_OFF)], null_count=0,
+                                  children=[entries])
+    columns = [
+        fixed(pa.int32(), lib.RMQ_B_QUEUE_ID),
+        fixed(pa.int64(), lib.RMQ_B_QUEUE_OFFSET),
+        fixed(pa.int64(), lib.RMQ_B_COMMITLOG_OFFSET),
+        fixed(pa.int32(), lib.RMQ_B_STORE_SIZE),
+        string(lib.RMQ_B_MSGID_OFF, lib.RMQ_B_MSGID_DATA),
+        string(lib.RMQ_B_UNIQ_OFF, lib.RMQ_B_UNIQ_DATA, n, lib.RMQ_B_UNIQ_VALID,
+               int(keep.null_uniq)),
+        string(lib.RMQ_B_TAGS_OFF, lib.RMQ_B_TAGS_DATA, n, lib.RMQ_B_TAGS_VALID,
+               int(keep.null_tags)),
+        keys,
+        pa.Array.from_buffers(pa.binary(), n, [None, buf(lib.RMQ_B_BODY_OFF),
+                                               buf(lib.RMQ_B_BODY_DATA)], null_count=0),
+        props,
+        fixed(_TS, lib.RMQ_B_BORN_TS),
+        fixed(_TS, lib.RMQ_B_STORE_TS),
+        string(lib.RMQ_B_BORNHOST_OFF, lib.RMQ_B_BORNHOST_DATA),
+        string(lib.RMQ_B_STOREHOST_OFF, lib.RMQ_B_STOREHOST_DATA),
+        fixed(pa.int32(), lib.RMQ_B_SYSFLAG),
+        fixed(pa.int32(), lib.RMQ_B_FLAG),
+        fixed(pa.int32(), lib.RMQ_B_RECONSUME),
+        fixed(pa.int32(), lib.RMQ_B_BODYCRC),
+        fixed(pa.int64(), lib.RMQ_B_PREPARED),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=NATIVE_SCHEMA)
+
+
+def _int32_codes(codes) -> list[int]:
+    if isinstance(codes, (str, bytes)):
+        raise RmqOptionError(f"codes must be a sequence of int32 hash codes, got {codes!r}")
+    out = []
+    for c in codes:
+        _check_int("tag hash code", c, -(1 << 31), INT32_MAX)
+        out.append(c)
+    return sorted(set(out))
+
+
+def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int, start: int,
+               end: int, *, codes: tuple[int, ...] | None = None,
+               tags: tuple[str, ...] | None = None, max_rows: int = 65536,
+               max_bytes: int = 64 << 20, verify_crc: bool = False) -> ScanResult:
+    """Decode the messages of queue offsets ``[start, end)`` of one ConsumeQueue.
+
+    ``cq_segments``: the queue's files sorted by file_start, consecutive (``cq_file_size`` apart);
+    unit n lives at byte ``n * 20`` of the queue's address space. ``codes=None`` accepts every
+    unit; otherwise a unit is accepted only if the low 32 bits of its tagsCode are in ``codes``
+    (rejected units never touch the CommitLog) and, when ``tags`` is given, the record's TAGS
+    property equals one of ``tags`` exactly (removes hash collisions such as "Aa"/"BB").
+    ``codes=()`` accepts nothing. Pre-blank units are skipped.
+
+    Stops with "FULL" before a row that would exceed ``max_rows`` rows or ``max_bytes`` bytes of
+    body + properties + string data (at least one row is always accepted), "CQ_END" at the first
+    unwritten unit, "CL_GONE" at an accepted unit below ``commitlog.min_offset``.
+    ``verify_crc`` checks BODYCRC. A record that is not what the broker writes raises
+    :class:`RmqCorruptStoreError` (path, position of the record in its file, code).
+    """
+    _check_commitlog(commitlog)
+    cq = _check_cq(cq_segments, cq_file_size)
+    _check_int("start", start, 0, _MAX_QUEUE_OFFSET)
+    _check_int("end", end, 0, _MAX_QUEUE_OFFSET)
+    if end < start:
+        raise RmqOptionError(f"end ({end}) must be >= start ({start})")
+    _check_int("max_rows", max_rows, 1)
+    _check_int("max_bytes", max_bytes, 1, INT32_MAX)
+    if tags is not None and codes is None:
+        raise RmqOptionError("tags needs codes (the tag hash codes of the same subscription)")
+    keep = []
+    args = ffi.new("rmq_scan_args *")
+    args.start, args.end, args.max_rows, args.max_bytes = start, end, max_rows, max_bytes
+    args.verify_crc = bool(verify_crc)
+    if codes is not None:
+        code_list = _int32_codes(codes)
+        c_codes = ffi.new("int32_t[]", code_list or [0])
+        keep.append(c_codes)
+        args.filter = 1
+        args.codes = c_codes
+        args.ncodes = len(code_list)
+    if tags is not None:
+        if isinstance(tags, (str, bytes)):
+            raise RmqOptionError(f"tags must be a sequence of strings, got {tags!r}")
+        encoded = []
+        for t in tags:
+            if not isinstance(t, str):
+                raise RmqOptionError(f"tags must be strings, got {t!r}")
+            encoded.append(t.encode("utf-8"))
+        c_strs = [ffi.new("char[]", t) for t in encoded]
+        c_tags = ffi.new("char *[]", c_strs or [ffi.NULL])
+        c_lens = ffi.new("int32_t[]", [len(t) for t in encoded] or [0])
+        keep.extend((c_strs, c_tags, c_lens))
+        args.check_tags = 1
+        args.tags = c_tags
+        args.tag_lens = c_lens
+        args.ntags = len(encoded)
+    out = ffi.new("rmq_batch **")
+    err = ffi.new("rmq_error *")
+    rc = lib.rmq_scan_queue(commitlog._files.struct, cq.struct, args, out, err)
+    if rc:
+        _raise(err)
+    ptr = out[0]
+    next_offset, scanned, status = int(ptr.next_offset), int(ptr.scanned), _STATUS[ptr.status]
+    return ScanResult(_wrap(ptr), next_offset, scanned, status)
+
+
+def lookup_time(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int,
+                min_offset: int, max_offset: int, timestamp_ms: int) -> int:
+    """Smallest queue offset in ``[min_offset, max_offset)`` whose storeTimestamp >= timestamp_ms.
+
+    RocketMQ 5 ``BoundaryType.LOWER`` semantics by binary search (store times grow with the queue
+    offset). Returns ``max_offset`` when every message is older, ``min_offset`` when none is.
+    Units whose CommitLog file is gone (phy < ``commitlog.min_offset``) and pre-blank units count
+    as older. Every unit in the range must be written (raises RmqCorruptStoreError BAD_UNIT).
+    """
+    _check_commitlog(commitlog)
+    cq = _check_cq(cq_segments, cq_file_size)
+    _check_int("min_offset", min_offset, 0, _MAX_QUEUE_OFFSET)
+    _check_int("max_offset", max_offset, 0, _MAX_QUEUE_OFFSET)
+    if max_offset < min_offset:
+        raise RmqOptionError(f"max_offset ({max_offset}) must be >= min_offset ({min_offset})")
+    _check_int("timestamp_ms", timestamp_ms, -(1 << 63), INT64_MAX)
+    out = ffi.new("int64_t *")
+    err = ffi.new("rmq_error *")
+    if lib.rmq_lookup_time(commitlog._files.struct, cq.struct, min_offset, max_offset,
+                           timestamp_ms, out, err):
+        _raise(err)
+    return int(out[0])
