@@ -32,13 +32,14 @@ def _source_path() -> str:
 
 
 def make_ffi(module_name: str, extra_compile_args: list[str],
-             extra_link_args: list[str] | None = None) -> FFI:
+             extra_link_args: list[str] | None = None, absolute_paths: bool = False) -> FFI:
+    """FFI of the C core; ``absolute_paths`` for ``ffi.compile`` (which changes directory)."""
     ffi = FFI()
     ffi.cdef(cdef_text())
     ffi.set_source(
         module_name,
         '#include "rmq_core.h"\n',
-        sources=[_source_path()],
+        sources=[SOURCE if absolute_paths else _source_path()],
         include_dirs=[HERE],
         libraries=["z"],
         extra_compile_args=extra_compile_args,

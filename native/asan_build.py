@@ -16,13 +16,17 @@ from _build import make_ffi  # noqa: E402  (sibling build script, not a package)
 
 MODULE = "_rmq_native_asan"
 ASAN_FLAGS = ["-O1", "-g", "-std=c11", "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-              "-fno-sanitize-recover=undefined"]
+              "-fno-sanitize-recover=undefined",
+              # files are read into exact-size heap buffers instead of mmap so that ASan also
+              # checks every read against the end of the file
+              "-DRMQ_HEAP_SEGMENTS"]
 
 
 def build(outdir: str) -> str:
     """Compile into ``outdir``; returns the path of the extension module."""
+    outdir = os.path.abspath(outdir)
     os.makedirs(outdir, exist_ok=True)
-    ffi = make_ffi(MODULE, ASAN_FLAGS, ["-fsanitize=address,undefined"])
+    ffi = make_ffi(MODULE, ASAN_FLAGS, ["-fsanitize=address,undefined"], absolute_paths=True)
     return ffi.compile(tmpdir=outdir, verbose=False)
 
 

@@ -52,6 +52,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -203,6 +204,30 @@ rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *e
     seg->file_start = file_start;
     seg->size = (int64_t)st.st_size;
     seg->base = NULL;
+#ifdef RMQ_HEAP_SEGMENTS
+    /* Sanitizer builds: an exact-size heap copy, so AddressSanitizer sees any read past the end
+     * of a file (reads past an mmap are invisible to it until they leave the mapped pages). */
+    if (seg->size > 0) {
+        uint8_t *m = malloc((size_t)seg->size);
+        int64_t got = 0;
+        while (m && got < seg->size) {
+            ssize_t r = pread(fd, m + got, (size_t)(seg->size - got), (off_t)got);
+            if (r <= 0) break;
+            got += r;
+        }
+        if (!m || got != seg->size) {
+            int e = m ? (errno ? errno : EIO) : ENOMEM;
+            free(m);
+            close(fd);
+            free(seg->path);
+            free(seg);
+            set_err(err, RMQ_E_IO, path, -1, -1, -1, "read failed: %s", strerror(e));
+            if (err) err->sys_errno = e;
+            return NULL;
+        }
+        seg->base = m;
+    }
+#else
     if (seg->size > 0) {
         void *m = mmap(NULL, (size_t)seg->size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
@@ -216,13 +241,18 @@ rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *e
         }
         seg->base = (const uint8_t *)m;
     }
+#endif
     close(fd);
     return seg;
 }
 
 void rmq_segment_close(rmq_segment *seg) {
     if (!seg) return;
+#ifdef RMQ_HEAP_SEGMENTS
+    free((void *)seg->base);
+#else
     if (seg->base && seg->size > 0) munmap((void *)seg->base, (size_t)seg->size);
+#endif
     free(seg->path);
     free(seg);
 }
@@ -598,22 +628,79 @@ int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset
 /* ------------------------------------------------------------------------------------------ */
 /* Growable, 64-byte aligned buffers                                                           */
 
-static int buf_grow(rmq_buf *b, int64_t need) {
+/* Pool of large freed buffers. Batches are usually dropped soon after they are consumed; handing
+ * their buffers to the next scan avoids fresh pages (page faults + kernel zeroing cost about as
+ * much as the decode itself). Small buffers go back to malloc, which recycles them anyway. */
+#define POOL_MIN_CAP ((int64_t)1 << 20)
+#define POOL_SLOTS 32
+#define POOL_MAX_BYTES ((int64_t)384 << 20)
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint8_t *data; int64_t cap; } pool[POOL_SLOTS];
+static int pool_n;
+static int64_t pool_bytes;
+
+/* A pooled buffer of at least `need` bytes and at most twice that (best fit), or NULL. */
+static uint8_t *pool_take(int64_t need, int64_t *cap_out) {
+    if (need < POOL_MIN_CAP / 2) return NULL;
+    uint8_t *got = NULL;
+    pthread_mutex_lock(&pool_mu);
+    int best = -1;
+    for (int i = 0; i < pool_n; i++)
+        if (pool[i].cap >= need && pool[i].cap <= 2 * need &&
+            (best < 0 || pool[i].cap < pool[best].cap))
+            best = i;
+    if (best >= 0) {
+        got = pool[best].data;
+        *cap_out = pool[best].cap;
+        pool_bytes -= pool[best].cap;
+        pool[best] = pool[--pool_n];
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return got;
+}
+
+static void pool_put(uint8_t *data, int64_t cap) {
+    if (!data) return;
+    if (cap >= POOL_MIN_CAP) {
+        pthread_mutex_lock(&pool_mu);
+        if (pool_n < POOL_SLOTS && pool_bytes + cap <= POOL_MAX_BYTES) {
+            pool[pool_n].data = data;
+            pool[pool_n].cap = cap;
+            pool_n++;
+            pool_bytes += cap;
+            data = NULL;
+        }
+        pthread_mutex_unlock(&pool_mu);
+    }
+    free(data);
+}
+
+/* Grow b to hold `need` bytes, keeping its first `keep` bytes. */
+static int buf_grow_keep(rmq_buf *b, int64_t need, int64_t keep) {
     int64_t cap = b->cap ? b->cap : ALIGN;
     while (cap < need) {
         if (cap > INT64_MAX / 2) return RMQ_E_NOMEM;
         cap *= 2;
     }
     cap = (cap + ALIGN - 1) / ALIGN * ALIGN;
-    void *m = NULL;
-    if (posix_memalign(&m, ALIGN, (size_t)cap) != 0) return RMQ_E_NOMEM;
-    /* copy the whole old allocation: row-indexed buffers keep len 0 until the scan ends */
-    if (b->cap > 0) memcpy(m, b->data, (size_t)b->cap);
-    free(b->data);
-    b->data = (uint8_t *)m;
+    int64_t pooled_cap = 0;
+    uint8_t *m = pool_take(need, &pooled_cap);
+    if (m) {
+        cap = pooled_cap;
+    } else {
+        void *v = NULL;
+        if (posix_memalign(&v, ALIGN, (size_t)cap) != 0) return RMQ_E_NOMEM;
+        m = (uint8_t *)v;
+    }
+    if (keep > 0) memcpy(m, b->data, (size_t)keep);
+    pool_put(b->data, b->cap);
+    b->data = m;
     b->cap = cap;
     return RMQ_OK;
 }
+
+/* Data buffers: keep what is used. */
+static int buf_grow(rmq_buf *b, int64_t need) { return buf_grow_keep(b, need, b->len); }
 
 static inline int buf_reserve(rmq_buf *b, int64_t extra) {
     if (b->len + extra <= b->cap) return RMQ_OK;
@@ -622,7 +709,7 @@ static inline int buf_reserve(rmq_buf *b, int64_t extra) {
 
 void rmq_batch_free(rmq_batch *batch) {
     if (!batch) return;
-    for (int i = 0; i < RMQ_NBUF; i++) free(batch->bufs[i].data);
+    for (int i = 0; i < RMQ_NBUF; i++) pool_put(batch->bufs[i].data, batch->bufs[i].cap);
     free(batch);
 }
 
@@ -664,9 +751,10 @@ static int batch_row_capacity(rmq_batch *b, int64_t rows) {
         else
             continue;
         if (need > b->bufs[i].cap) {
-            int64_t old = b->bufs[i].cap;
-            if (buf_grow(&b->bufs[i], need)) return RMQ_E_NOMEM;
-            if (w < 0) memset(b->bufs[i].data + old, 0, (size_t)(b->bufs[i].cap - old));
+            /* row-indexed buffers keep len 0 while scanning: preserve the rows written so far */
+            int64_t used = w > 0 ? (b->rows + (is_offsets(i) ? 1 : 0)) * w : (b->rows + 7) / 8;
+            if (buf_grow_keep(&b->bufs[i], need, used)) return RMQ_E_NOMEM;
+            if (w < 0) memset(b->bufs[i].data + used, 0, (size_t)(b->bufs[i].cap - used));
         }
     }
     return RMQ_OK;
@@ -1062,13 +1150,30 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         (a->check_tags && (!a->filter || (a->ntags > 0 && (!a->tags || !a->tag_lens)))))
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad scan arguments");
 
-    int64_t span = a->end - a->start;
-    int64_t hint = span < a->max_rows ? span : a->max_rows;
-    if (a->filter && hint > 256) hint = 256;
-    if (hint > 4096) hint = 4096;
-    scanner sc = {a, batch_new(hint + 8), NULL, 0, NULL, 0, hint + 8};
+    /* Size the batch up front from the CQ unit sizes (an upper bound of the body bytes) so the
+     * buffers are not regrown; a filtered scan accepts few rows, start small. */
+    int64_t hint_rows = 64, hint_bytes = 0;
+    if (!a->filter) {
+        int64_t m = a->start;
+        while (m < a->end && m - a->start < a->max_rows && hint_bytes < a->max_bytes) {
+            unit u;
+            if (cq_unit_at(cq, m, &u, NULL, NULL, NULL) != RMQ_OK || !unit_valid(&u) ||
+                unit_preblank(&u))
+                break;
+            hint_bytes += u.size;
+            m++;
+        }
+        hint_rows = m - a->start;
+        if (hint_bytes > a->max_bytes) hint_bytes = a->max_bytes;
+    }
+    if (hint_rows < 64) hint_rows = 64;
+    scanner sc = {a, batch_new(hint_rows + 8), NULL, 0, NULL, 0, hint_rows + 8};
     if (!sc.b) return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
     rmq_batch *b = sc.b;
+    if (hint_bytes > 0 && buf_reserve(&b->bufs[RMQ_B_BODY_DATA], hint_bytes)) {
+        rmq_batch_free(b);
+        return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
+    }
     int64_t cl_min = cl->count ? cl->segs[0]->file_start : 0;
     int status = RMQ_ST_END;
     int64_t n = a->start;

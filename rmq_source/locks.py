@@ -317,11 +317,24 @@ class QueueLockManager:
                     client_lease_ms: int = DEFAULT_CLIENT_LEASE_MS) -> LockEntry:
         """Raise RmqLockError unless ``client_id`` owns ``mq`` and renewed it within the client lease
         (and within the entry's own lease). Tasks call this before reading an ordered queue."""
+        return self.assert_held_batch([mq], client_id, client_lease_ms)[queue_key(mq)]
+
+    def assert_held_batch(self, mqs: Iterable[Any], client_id: str,
+                          client_lease_ms: int = DEFAULT_CLIENT_LEASE_MS) -> dict[str, LockEntry]:
+        """:meth:`assert_held` for several queues with one read of the file; returns their entries
+        keyed by :func:`queue_key`. The first queue not held raises."""
         cid = _check_client(client_id)
         limit = min(_check_ms("client_lease_ms", client_lease_ms), self.lease_ms)
-        key = queue_key(mq)
-        e = self.entry(mq)
+        keys = list(dict.fromkeys(k for k, _ in _keyed(mqs)))
+        locks = self._state.read()["locks"]
         now = self.now_ms()
+        held = {}
+        for key in keys:
+            raw = locks.get(key)
+            held[key] = self._check_held(key, _entry_from_json(raw) if raw else None, cid, limit, now)
+        return held
+
+    def _check_held(self, key: str, e: LockEntry | None, cid: str, limit: int, now: int) -> LockEntry:
         where = f"queue {key} of group {self.group!r} ({self.path})"
         if e is None:
             raise RmqLockError(f"{where} is not locked by anyone; client {cid!r} must lock it first")
@@ -334,6 +347,19 @@ class QueueLockManager:
             raise RmqLockError(f"{where}: lock of {cid!r} was last renewed {e.age_ms(now)} ms ago, more "
                                f"than the {limit} ms a client may trust it; renew before reading")
         return e
+
+
+def check_task_locks(part: Any) -> None:
+    """Guard of an ordered-mode Spark task (``partition_reader.RmqInputPartition``): raise
+    RmqLockError unless ``part.lock.client_id`` holds every queue of ``part.ranges`` in group
+    ``part.lock.group`` (files in ``part.lock.state_dir``), renewed within
+    ``part.lock.client_lease_ms``. Does nothing when ``part.lock`` is None. Reads only."""
+    spec = part.lock
+    if spec is None:
+        return
+    mgr = QueueLockManager(spec.state_dir, spec.group, history=False)
+    mgr.assert_held_batch([(r.topic, r.broker_name, r.queue_id) for r in part.ranges], spec.client_id,
+                          spec.client_lease_ms)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ from .config_files import (TOPIC_GROUP_SEPARATOR, dump_fastjson, load_config_jso
 from .errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError
 from .statefile import check_group, file_lock
 
-__all__ = ["GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "check_offset_store_path"]
+__all__ = ["GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "BROKER_NAME_RE",
+           "check_offset_store_path"]
 
 OFFSET_FILE_NAME = "consumerOffset.json"
 LOCK_SUFFIX = ".lock"
@@ -53,7 +54,7 @@ NO_OFFSET = -1
 _INT64_MAX = (1 << 63) - 1
 _TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 # A broker name becomes a directory name: no separators, not "." or "..".
-_BROKER_RE = re.compile(r"[A-Za-z0-9_%|@-][A-Za-z0-9_%|@.-]*")
+BROKER_NAME_RE = re.compile(r"[A-Za-z0-9_%|@-][A-Za-z0-9_%|@.-]*")
 
 
 class ReadOffsetType(enum.Enum):
@@ -92,7 +93,7 @@ def _queue(mq: Any) -> MessageQueue:
     if not _TOPIC_RE.fullmatch(mq.topic):
         raise RmqOptionError(f"{mq}: topic {mq.topic!r} is not a RocketMQ topic name "
                              "(characters [%|a-zA-Z0-9_-])")
-    if not _BROKER_RE.fullmatch(mq.broker_name):
+    if not BROKER_NAME_RE.fullmatch(mq.broker_name):
         raise RmqOptionError(f"{mq}: broker name {mq.broker_name!r} cannot name a directory "
                              "(characters [A-Za-z0-9_%|@.-], not starting with '.')")
     if mq.queue_id < 0:
@@ -148,7 +149,7 @@ class GroupOffsetStore:
 
     def file_path(self, broker_name: str) -> str:
         """``<path>/<broker_name>/consumerOffset.json`` (checked to be outside every broker's config/)."""
-        if not isinstance(broker_name, str) or not _BROKER_RE.fullmatch(broker_name):
+        if not isinstance(broker_name, str) or not BROKER_NAME_RE.fullmatch(broker_name):
             raise RmqOptionError(f"broker name {broker_name!r} cannot name a directory "
                                  "(characters [A-Za-z0-9_%|@.-], not starting with '.')")
         check_offset_store_path(self.path, self.broker_stores, [broker_name])

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from .allocation import MessageQueue
+from .allocation import MessageQueue, create_strategy
 from .errors import RmqOptionError, RmqStoreLayoutError
-from .offset_store import check_offset_store_path
+from .offset_store import BROKER_NAME_RE, check_offset_store_path
 from .statefile import check_group
 from .subscription import Subscription
 
@@ -156,7 +156,6 @@ _ALLOCATE_PARAMS = ("allocateQueues", "consumeRooms", "nearbyInnerStrategy", "vi
 _LOCK_OPTIONS = ("lockLeaseMs", "clientLockLeaseMs", "lockRenewIntervalMs")
 
 _NAME_RE = re.compile(r"[%|a-zA-Z0-9_-]+")          # RocketMQ topic/group characters
-_BROKER_RE = re.compile(r"[A-Za-z0-9_%|@-][A-Za-z0-9_%|@.-]*")
 _CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_.:@#%|-]+")
 _INT_RE = re.compile(r"-?[0-9]+")
 _QUEUE_ID_RE = re.compile(r"[0-9]+")
@@ -233,7 +232,6 @@ class SourceOptions:
         if name == "CONSISTENT_HASH":
             return {"virtual_node_count": self.virtual_node_count}
         if name == "MACHINE_ROOM_NEARBY":
-            from .allocation import create_strategy
             inner_params = ({"virtual_node_count": self.virtual_node_count}
                             if self.nearby_inner_strategy == "CONSISTENT_HASH" else {})
             return {"inner": create_strategy(self.nearby_inner_strategy, **inner_params)}
@@ -241,7 +239,6 @@ class SourceOptions:
 
     def make_allocation_strategy(self):
         """The allocation strategy object (imports a user ``package.module:Class`` now)."""
-        from .allocation import create_strategy
         return create_strategy(self.allocate_strategy, **self.allocation_params())
 
 
@@ -455,7 +452,7 @@ def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
             broker, path = broker.strip(), path.strip()
             if not sep or not broker or not path:
                 raise _fail("brokers", value, f"entry {entry!r} is not name=path; {shape}")
-            if not _BROKER_RE.fullmatch(broker):
+            if not BROKER_NAME_RE.fullmatch(broker):
                 raise _fail("brokers", value, f"broker name {broker!r} has characters outside "
                                               f"[A-Za-z0-9_%|@.-] or starts with '.'; {shape}")
             if broker in brokers:
@@ -466,7 +463,7 @@ def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
         if not value:
             raise _fail("storePath", value, "expected the root directory of a broker store")
         broker = opts.get("brokerName", DEFAULT_BROKER_NAME)
-        if not _BROKER_RE.fullmatch(broker):
+        if not BROKER_NAME_RE.fullmatch(broker):
             raise _fail("brokerName", broker, "expected a broker name of characters "
                                               "[A-Za-z0-9_%|@.-], not starting with '.'")
         brokers = {broker: value}

@@ -21,6 +21,7 @@ from typing import Mapping
 from .allocation import MessageQueue
 from .catalog import StoreCatalog
 from .errors import RmqDataLossError, RmqOptionError
+from .offset_store import ReadOffsetType
 from .store import QueueInfo
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,9 @@ def starting_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts, group
 
 def group_start(catalog: StoreCatalog, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
     """The group's committed offset for ``mq``, else the ``consumeFromWhere`` position."""
-    committed = group_store.read_offset(mq) if group_store is not None else -1
+    # Like RocketMQ's computePullFromWhere: the stored progress, not a cached one.
+    committed = (group_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
+                 if group_store is not None else -1)
     if committed is not None and committed >= 0:
         return committed
     where = opts.consume_from_where

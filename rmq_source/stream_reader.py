@@ -1,9 +1,16 @@
 """The streaming reader (``spark.readStream.format("rmq")``).
 
 Offsets are ``{"topic": {"broker": {"queueId": next_offset}}}`` (see :mod:`rmq_source.offsets`).
-A micro-batch reads ``[start, end)`` of every queue. The consumer group's progress is written only in
-:meth:`RmqStreamReader.commit`, which Spark calls after the batch's sink committed, so a failed or
-retried batch never moves the group.
+A micro-batch reads ``[start, end)`` of every queue. The consumer group's progress is written only
+for batches Spark has committed, so a failed or retried batch never moves the group:
+
+* :meth:`RmqStreamReader.commit` (Spark calls it for batch N-1 while it plans batch N);
+* :meth:`RmqStreamReader.latestOffset`: Spark plans a new batch only after the batch ending at
+  ``start`` is in the checkpoint's commit log, so ``start`` is committed progress. This is what
+  records the final batch of a ``Trigger.AvailableNow`` run, for which Spark calls no ``commit``.
+
+After a processing-time query stops, the group may trail the checkpoint by the last batch; the same
+query resumes from its checkpoint regardless.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.group_store = open_group_store(opts, self.catalog)
         self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow end
         self._last_batch_at = time.monotonic()
+        self._committed: dict[MessageQueue, int] | None = None
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
@@ -63,6 +71,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return starts
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._commit_group(from_json_dict(start, what="start offset"))
         starts = self._starts_with_new_queues(start, self._queues(from_json_dict(start)))
         mqs = sorted(starts)
         latest = self._latest(mqs)
@@ -146,11 +155,15 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark committed the batch ending at ``end``: persist the group's progress."""
-        if self.group_store is None:
+        self._commit_group(from_json_dict(end, what="committed offset"))
+
+    def _commit_group(self, offsets: dict[MessageQueue, int]) -> None:
+        if self.group_store is None or offsets == self._committed:
             return
-        for mq, offset in from_json_dict(end, what="committed offset").items():
+        for mq, offset in offsets.items():
             self.group_store.update_offset(mq, offset, increase_only=False)
-        self.group_store.persist_all()
+        self.group_store.persist(list(offsets))
+        self._committed = dict(offsets)
 
     def stop(self) -> None:
         pass

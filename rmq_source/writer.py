@@ -16,6 +16,7 @@ writer is not thread-safe; use it from one thread.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -128,16 +129,34 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _zero_from(mm: mmap.mmap, pos: int) -> None:
+def _data_ranges(fd: int, pos: int, size: int):
+    """(start, end) ranges of ``[pos, size)`` that may hold data; holes of sparse files are skipped
+    with SEEK_DATA/SEEK_HOLE where the file system supports them."""
+    try:
+        while pos < size:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:   # no data after pos
+                    return
+                raise
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+            yield data, hole
+            pos = hole
+    except (OSError, AttributeError):
+        yield pos, size
+
+
+def _zero_from(mm: mmap.mmap, fd: int, pos: int) -> None:
     """Zero every non-zero byte of ``mm`` from ``pos`` on (leftovers of an interrupted write), front
     to back so a reader never sees a record header ahead of zeros it could mistake for data."""
-    size = len(mm)
     step = len(_ZERO_CHUNK)
-    while pos < size:
-        n = min(step, size - pos)
-        if mm[pos:pos + n] != _ZERO_CHUNK[:n]:
-            mm[pos:pos + n] = _ZERO_CHUNK[:n]
-        pos += n
+    for start, end in list(_data_ranges(fd, pos, len(mm))):
+        while start < end:
+            n = min(step, end - start)
+            if mm[start:start + n] != _ZERO_CHUNK[:n]:
+                mm[start:start + n] = _ZERO_CHUNK[:n]
+            start += n
 
 
 class _MappedFile:
@@ -302,7 +321,7 @@ class StoreWriter:
         except OSError:
             os.close(fd)
             raise RmqSourceError(f"store {self.root} is locked by another process (a running broker "
-                                 "or another StoreWriter holds {root}/lock)".replace("{root}", str(self.root))) from None
+                                 f"or another StoreWriter holds {self.root}/lock)") from None
         if os.fstat(fd).st_size == 0:
             os.write(fd, b"lock")
         self._lock_fd = fd
@@ -484,7 +503,7 @@ class StoreWriter:
                 f"(pip install -e .): {exc}") from None
         segments = [native.map_segment(str(p), start) for start, p in files]
         try:
-            end = native.CommitLog(segments, size).valid_end()
+            end = native.CommitLog(segments, size).valid_end(verify_crc=True)   # checkCRCOnRecover
             cl_min = files[0][0]
             max_offsets, cq_max_phy = self._recover_queues(native, queue_files, end)
         finally:
@@ -496,9 +515,9 @@ class StoreWriter:
                 path.unlink()   # entirely beyond the valid end (broker: truncateDirtyFiles)
         active_existing = any(start == active_start for start, _ in files)
         self._open_commitlog(active_start, end - active_start, create=not active_existing)
-        _zero_from(self._cl.mm, self._pos)
+        _zero_from(self._cl.mm, self._cl.fd, self._pos)
         if self._next_cl is not None:
-            _zero_from(self._next_cl.mm, 0)
+            _zero_from(self._next_cl.mm, self._next_cl.fd, 0)
         for (topic, qid), next_offset in max_offsets.items():
             self._queue(topic, qid, next_offset)
         # from the last dispatched record on: it gives the last store timestamp, later ones get units
@@ -558,7 +577,7 @@ class StoreWriter:
                     with open(path, "r+b") as f:
                         mm = mmap.mmap(f.fileno(), 0)
                         try:
-                            _zero_from(mm, end - start)
+                            _zero_from(mm, f.fileno(), end - start)
                         finally:
                             mm.close()
             max_offsets[key] = end // rc.CQ_UNIT_SIZE
@@ -861,27 +880,15 @@ class StoreWriter:
                                          self._sh_hex + format(phy, "016X")))
 
     def _append_general(self, topic: str, body: bytes = b"", *, queue_id: int | None = None,
-               selector: QueueSelector | None = None, selector_arg: Any = None,
-               tags: str | None = None, keys: str | Iterable[str] | None = None,
-               properties: Mapping[str, str | None] | None = None, flag: int = 0,
-               born_timestamp: int | None = None, store_timestamp: int | None = None,
-               born_host: str | None = None, store_host: str | None = None,
-               compression: str | None = None, reconsume_times: int = 0,
-               uniq_key: str | None = None, prepared_transaction_offset: int = 0,
-               sys_flag_extra: int = 0) -> AppendResult:
-        """Append one message; returns where it went.
-
-        Queue: ``queue_id``, else ``selector(queue_ids, Message, selector_arg)`` (like RocketMQ's
-        ``MessageQueueSelector``), else round robin over the topic's write queues. Properties are
-        ``TAGS``, ``KEYS`` (a string as is, or a list joined by ``' '``), ``UNIQ_KEY`` (given or
-        generated like ``MessageClientIDSetter``), ``WAIT=true``, then ``properties``; a ``None``
-        value in ``properties`` removes that entry (e.g. ``{"UNIQ_KEY": None}``). Timestamps are epoch
-        ms; the store timestamp defaults to now and never decreases within this writer (an explicit
-        smaller one is an error); the born timestamp defaults to the store timestamp.
-        ``compression`` ``"zlib"``/``"lz4"``/``"zstd"`` compresses the body (BODYCRC covers the stored
-        bytes). ``sys_flag_extra`` may set MULTI_TAGS (0x2) and the transaction type (0x4, 0x8, 0xC);
-        PREPARED and ROLLBACK records get queue offset 0 and no ConsumeQueue unit, as in the broker.
-        """
+                        selector: QueueSelector | None = None, selector_arg: Any = None,
+                        tags: str | None = None, keys: str | Iterable[str] | None = None,
+                        properties: Mapping[str, str | None] | None = None, flag: int = 0,
+                        born_timestamp: int | None = None, store_timestamp: int | None = None,
+                        born_host: str | None = None, store_host: str | None = None,
+                        compression: str | None = None, reconsume_times: int = 0,
+                        uniq_key: str | None = None, prepared_transaction_offset: int = 0,
+                        sys_flag_extra: int = 0) -> AppendResult:
+        """:meth:`append` for every shape of message: validates everything, then writes."""
         if self._closed:
             raise RmqOptionError("StoreWriter is closed")
         t = self._topics.get(topic)
@@ -915,18 +922,8 @@ class StoreWriter:
 
         qid = self._select_queue(t, queue_id, selector, selector_arg,
                                  (topic, body, tags, keys, properties))
-        if (tags is not None and keys is None and properties is None and uniq_key is None
-                and type(tags) is str and tags and "\x01" not in tags and "\x02" not in tags):
-            # fast path of the common case: TAGS, generated UNIQ_KEY, WAIT
-            uk = self._uniq.create(bh.address, born_ts)
-            if self.properties_style == "4.9.3":
-                props = f"TAGS\x01{tags}\x02UNIQ_KEY\x01{uk}\x02WAIT\x01true".encode("utf-8")
-            else:
-                props = f"TAGS\x01{tags}\x02UNIQ_KEY\x01{uk}\x02WAIT\x01true\x02".encode("utf-8")
-            tag_value = tags
-        else:
-            props, tag_value = self._build_properties(tags, keys, properties, uniq_key, bh.address,
-                                                      born_ts)
+        props, tag_value = self._build_properties(tags, keys, properties, uniq_key, bh.address,
+                                                  born_ts)
 
         sys_flag = sys_flag_extra
         if compression is not None:
@@ -982,6 +979,110 @@ class StoreWriter:
             self._last_dispatch_ts = store_ts
         return AppendResult(topic, qid, queue_offset if dispatch else None, phy, total,
                             (sh.field + _I64.pack(phy)).hex().upper())
+
+    def append_batch(self, topic: str, bodies: Iterable[bytes], *, queue_id: int | None = None,
+                     tags: str | None = None, keys: str | Iterable[str] | None = None,
+                     properties: Mapping[str, str | None] | None = None,
+                     born_timestamp: int | None = None,
+                     store_timestamp: int | None = None) -> list[AppendResult]:
+        """Append several messages as one batch send, as the broker's ``putMessages`` stores it.
+
+        Every member goes to the same queue (``queue_id`` or the next round-robin queue) with
+        consecutive queue offsets and one store timestamp; the batch is placed as a whole: when it
+        does not fit in the rest of the CommitLog file, the BLANK goes before its first record.
+        ``tags``, ``keys`` and ``properties`` apply to every member; each member gets its own
+        ``UNIQ_KEY`` (``properties`` must not set one). Bodies are never compressed (the broker
+        does not compress batches). Returns one :class:`AppendResult` per member, in order.
+        """
+        self._check_open()
+        t = self._topics.get(topic)
+        if t is None:
+            validate_topic(topic)
+            raise RmqUnknownTopicError(f"topic {topic!r} does not exist in {self.root}; call "
+                                       "create_topic(topic, queues) first")
+        try:
+            members = [bytes(b) if isinstance(b, (bytearray, memoryview)) else b for b in bodies]
+        except TypeError:
+            raise RmqOptionError("bodies must be an iterable of bytes") from None
+        for b in members:
+            if type(b) is not bytes:
+                raise RmqOptionError(f"every body must be bytes, got {type(b).__name__}")
+        if properties is not None and isinstance(properties, Mapping) and "UNIQ_KEY" in properties:
+            raise RmqOptionError("append_batch: properties must not set UNIQ_KEY (each member gets "
+                                 "its own)")
+        now = time.time_ns() // 1_000_000
+        if store_timestamp is None:
+            store_ts = max(now, self._last_store_ts)
+        else:
+            store_ts = _int_arg("store_timestamp", store_timestamp, 0, _INT64_MAX)
+            if store_ts < self._last_store_ts:
+                raise RmqOptionError(f"store_timestamp={store_ts} is before the previous record's "
+                                     f"{self._last_store_ts}; store timestamps never decrease")
+        born_ts = store_ts if born_timestamp is None else _int_arg("born_timestamp", born_timestamp,
+                                                                   0, _INT64_MAX)
+        qid = self._select_queue(t, queue_id, None, None, None)
+        # property bytes around the UNIQ_KEY value, shared by every member
+        sentinel = "\x00rmq-uniq-key\x00"
+        template, tag_value = self._build_properties(tags, keys, properties, sentinel,
+                                                     self.born_host.address, born_ts)
+        head_props, found, tail_props = template.partition(sentinel.encode("ascii"))
+        if not found or sentinel.encode("ascii") in tail_props:
+            raise RmqOptionError("append_batch: property values must not contain NUL-delimited "
+                                 "'rmq-uniq-key'")
+        if not members:
+            return []
+        code = self._tags_code(tag_value)
+        uk_prefix = self._uniq.prefix(self.born_host.address, born_ts).encode("ascii")
+        props_len = len(head_props) + len(uk_prefix) + 4 + len(tail_props)
+        if props_len > rc.MAX_PROPERTIES_LENGTH:
+            raise RmqOptionError(f"properties are {props_len} bytes encoded, at most "
+                                 f"{rc.MAX_PROPERTIES_LENGTH} allowed")
+        props_len_bytes = props_len.to_bytes(2, "big")
+        fixed = self._fixed_len + t.len_part + props_len
+        sizes = [fixed + len(b) for b in members]
+        batch_size = sum(sizes)
+        biggest = max(sizes)
+        if self.properties_style == "4.9.3" and biggest > self._max_message_size:
+            raise RmqOptionError(f"a record of {biggest} bytes exceeds max_message_size "
+                                 f"{self._max_message_size}")
+        if self.properties_style == "5.3.3" and max(map(len, members)) > self._max_message_size:
+            raise RmqOptionError(f"a body exceeds max_message_size {self._max_message_size}")
+        if batch_size + rc.END_FILE_MIN_BLANK_LENGTH > self.commitlog_file_size:
+            raise RmqOptionError(f"batch of {batch_size} bytes cannot fit in a CommitLog file of "
+                                 f"{self.commitlog_file_size} bytes; split it")
+        q = self._queues.get((topic, qid)) or self._queue(topic, qid, 0)
+        if self._pos + batch_size + rc.END_FILE_MIN_BLANK_LENGTH > self._cl.size:
+            self._roll()
+        cl = self._cl
+        start = cl.start + self._pos
+        pack = self._head.pack
+        magic, len_bytes, raw, sys_flag = t.magic, t.len_bytes, t.raw, self._sys_flag
+        bh_field, sh_field = self._bh_field, self._sh_field
+        parts = []
+        units = []
+        phy, off = start, q.next_offset
+        for body, size in zip(members, sizes):
+            parts += (pack(size, magic, zlib.crc32(body) & 0x7FFFFFFF, qid, 0, off, phy, sys_flag,
+                           born_ts, bh_field, store_ts, sh_field, 0, 0, len(body)),
+                      body, len_bytes, raw, props_len_bytes, head_props, uk_prefix,
+                      _COUNTER_HEX[next(_COUNTER) & 0xFFFF], tail_props)
+            units.append((phy, size, off))
+            phy += size
+            off += 1
+        blob = b"".join(parts)
+        mm, pos = cl.mm, self._pos
+        # all but the first record's TOTALSIZE/MAGIC first: readers see the batch only complete
+        mm[pos + 8:pos + batch_size] = memoryview(blob)[8:]
+        mm[pos:pos + 8] = blob[:8]
+        self._pos = pos + batch_size
+        self._last_store_ts = self._last_dispatch_ts = store_ts
+        sh_hex = self._sh_hex
+        results = []
+        for phy, size, off in units:
+            self._put_unit(q, phy, size, code)
+            results.append(_tuple_new(AppendResult, (topic, qid, off, phy, size,
+                                                     sh_hex + format(phy, "016X"))))
+        return results
 
     # ------------------------------------------------------------------------- flush, checkpoint
 

@@ -123,7 +123,7 @@ def test_renew_updates_timestamp_and_takeover_records_previous_owner(mgr, clock)
     renewed_at = clock.ms
     clock.ms += LEASE + 1
     assert mgr.try_lock(q(0), "B")
-    last = read_history(mgr.path.rsplit("/", 1)[0], GROUP)[-1]
+    last = read_history(Path(mgr.path).parent, GROUP)[-1]
     assert last == {"t": clock.ms, "client": "B", "queue": "TopicOrder|broker-a|0",
                     "action": "expire-takeover", "prev": "A", "prevUpdateMs": renewed_at, "leaseMs": LEASE}
 
@@ -244,6 +244,38 @@ def test_assert_held_accepts_a_fresh_lock(mgr, clock):
     mgr.try_lock(q(0), "A")
     clock.ms += 500
     assert mgr.assert_held(q(0), "A", 500).client_id == "A"
+
+
+def test_assert_held_batch_names_the_first_queue_not_held(mgr, clock):
+    mgr.try_lock_batch([q(0), q(1)], "A")
+    assert set(mgr.assert_held_batch([q(0), q(1)], "A", 500)) == {queue_key(q(0)), queue_key(q(1))}
+    with pytest.raises(RmqLockError, match="queue TopicOrder\\|broker-a\\|2 .* not locked by anyone"):
+        mgr.assert_held_batch([q(0), q(2), q(1)], "A", 500)
+
+
+@pytest.mark.parametrize("holder, age_ms, match", [
+    ("task-client", 0, None),
+    ("task-client", 801, "more than the 800 ms"),
+    ("other", 0, "locked by 'other'"),
+    (None, 0, "not locked by anyone"),
+])
+def test_check_task_locks_guards_a_spark_partition(tmp_path, holder, age_ms, match):
+    pr = pytest.importorskip("rmq_source.partition_reader", reason="needs pyspark")
+    from rmq_source.locks import check_task_locks
+    clock = FakeClock(int(time.time() * 1000) - age_ms)  # the task itself uses the real clock
+    mgr = QueueLockManager(tmp_path, GROUP, lease_ms=LEASE, clock=clock)
+    if holder:
+        mgr.try_lock_batch([q(0), q(1)], holder)
+    part = pr.RmqInputPartition(
+        slot="s0", ranges=tuple(pr.RangeSpec("TopicOrder", "broker-a", i, 0, 10, "/nowhere") for i in (0, 1)),
+        sub_expression="*", batch_rows=10, batch_bytes=1 << 20, verify_crc=False, fail_on_data_loss=True,
+        lock=pr.LockSpec(str(tmp_path), GROUP, "task-client", 800))
+    if match is None:
+        check_task_locks(part)
+    else:
+        with pytest.raises(RmqLockError, match=match):
+            check_task_locks(part)
+    check_task_locks(pr.RmqInputPartition("s0", (), "*", 10, 1 << 20, False, True, lock=None))
 
 
 def test_client_view_trusts_a_lock_for_the_client_lease_from_the_request_time(tmp_path):
@@ -445,6 +477,7 @@ HAMMER = """
     import json, random, sys, time
     from rmq_source.locks import ClientLockView, QueueLockManager
     state_dir, group, client, out = sys.argv[1:5]
+    stall_at = float(sys.argv[5])
     lease, client_lease, queues, duration = 400, 200, 5, 1.5
     rnd = random.Random(client)
     mgr = QueueLockManager(state_dir, group, lease_ms=lease)
@@ -453,6 +486,8 @@ HAMMER = """
     windows = []   # [queue, start, end]: when this client may read the queue
     per_queue = {}  # queue id -> its windows (all cut on unlock)
     stalled = False
+    print("ready", flush=True)
+    sys.stdin.readline()  # all workers start together
     t0 = time.time()
     while time.time() - t0 < duration:
         wanted = rnd.sample(mqs, rnd.randint(1, queues))
@@ -464,7 +499,7 @@ HAMMER = """
             windows.append(w)
             per_queue.setdefault(mq[2], []).append(w)
         r = rnd.random()
-        if not stalled and time.time() - t0 > 0.3:
+        if not stalled and time.time() - t0 > stall_at:
             stalled = True            # a long pause while holding locks: others must take over
             time.sleep(lease * 1.5 / 1000)
         elif r < 0.25 and granted:
@@ -483,12 +518,19 @@ HAMMER = """
 
 def test_racing_processes_never_share_a_queue(tmp_path):
     """4 processes hammer try_lock_batch/unlock on 5 shared queues with the real clock, each also
-    pausing once past the lease. From the manager's history: no queue is ever taken or renewed while
-    another client's grant is within its lease. From the clients' own records: read windows
-    (request time + client lease, cut at unlock) of different clients never overlap."""
+    pausing once past the lease (at staggered moments, so the others take its queues over).
+    From the manager's history: no queue is ever taken or renewed while another client's grant is
+    within its lease. From the clients' own records: read windows (from the answer until request
+    time + client lease, cut at unlock) of different clients never overlap."""
     state = tmp_path / "state"
     outs = [tmp_path / f"w{i}.json" for i in range(4)]
-    procs = [run_python(HAMMER, str(state), GROUP, f"client-{i}", str(outs[i])) for i in range(4)]
+    procs = [run_python(HAMMER, str(state), GROUP, f"client-{i}", str(outs[i]), str(0.2 + 0.25 * i),
+                        stdin=subprocess.PIPE) for i in range(4)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     finish(procs)
 
     history = read_history(state, GROUP)

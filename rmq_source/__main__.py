@@ -1,0 +1,6 @@
+"""``python -m rmq_source``: the ``rmq-store`` command line (see :mod:`rmq_source.cli`)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

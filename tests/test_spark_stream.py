@@ -1,0 +1,152 @@
+"""spark.readStream.format("rmq"): exactly-once into parquet across restarts, admission control,
+live appends, lag reporting, and consumer-group progress."""
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+import threading
+import time
+
+import pytest
+
+from conftest import fixture_dir
+from rmq_source.allocation import MessageQueue
+from rmq_source.config_files import read_consumer_offsets
+from rmq_source.offset_store import GroupOffsetStore
+from rmq_source.store import Store
+from rmq_source.writer import StoreWriter
+from store_builder import append_messages, build_store
+
+pytestmark = pytest.mark.spark
+
+
+def _stream(spark, **options):
+    reader = spark.readStream.format("rmq")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
+
+
+def _run_available_now(spark, sink, chk, **options):
+    q = (_stream(spark, **options).writeStream.format("parquet").option("path", str(sink))
+         .option("checkpointLocation", str(chk)).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    return q
+
+
+def _sink_keys(spark, sink):
+    rows = spark.read.parquet(str(sink)).select("topic", "brokerName", "queueId", "queueOffset").collect()
+    return [(r.topic, r.brokerName, r.queueId, r.queueOffset) for r in rows]
+
+
+def _keys(written):
+    return sorted((w.topic, w.broker, w.queue_id, w.queue_offset) for w in written)
+
+
+def test_available_now_exactly_once_across_restarts_with_limits(spark, tmp_path):
+    store = tmp_path / "store"
+    written = build_store(store, topics=(("TopicTest", 4, 200),))
+    sink, chk = tmp_path / "sink", tmp_path / "chk"
+    opts = dict(storePath=str(store), topic="TopicTest", startingOffsets="earliest",
+                maxMessagesPerTrigger="70")
+    q = _run_available_now(spark, sink, chk, **opts)
+    sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 200 and max(sizes) <= 70 and len(sizes) >= 3, sizes
+    last = [p for p in q.recentProgress if p["numInputRows"]][-1]["sources"][0]
+    assert json.loads(last["latestOffset"]) == json.loads(last["endOffset"])  # no lag left
+
+    with StoreWriter(store) as w:
+        written += append_messages(w, "TopicTest", 55, start_ts=1_700_000_900_000, seed=99)
+    _run_available_now(spark, sink, chk, **opts)
+    got = _sink_keys(spark, sink)
+    assert sorted(got) == _keys(written)  # every message exactly once
+
+
+def test_processing_time_trigger_while_the_writer_appends(spark, tmp_path):
+    store = tmp_path / "store"
+    written = build_store(store, topics=(("Live", 3, 30),))
+    sink, chk = tmp_path / "sink", tmp_path / "chk"
+    q = (_stream(spark, storePath=str(store), topic="Live", startingOffsets="earliest",
+                 maxMessagesPerTrigger="40")
+         .writeStream.format("parquet").option("path", str(sink)).option("checkpointLocation", str(chk))
+         .trigger(processingTime="500 milliseconds").start())
+    more: list = []
+
+    def produce():
+        with StoreWriter(store) as w:
+            for i in range(6):
+                more.extend(append_messages(w, "Live", 25, start_ts=1_700_001_000_000 + i * 1000, seed=i))
+                w.flush()
+                time.sleep(0.4)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    t.join()
+    total = len(written) + len(more)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        done = sum(p["numInputRows"] for p in q.recentProgress)
+        if done >= total and q.lastProgress and not q.status["isDataAvailable"]:
+            break
+        time.sleep(1)
+    progress = q.recentProgress
+    q.stop()
+    assert all(p["numInputRows"] <= 40 for p in progress)
+    src = progress[-1]["sources"][0]
+    assert src["latestOffset"] is not None  # lag is reported to the query progress
+    assert sorted(_sink_keys(spark, sink)) == _keys(written + more)
+
+
+@pytest.fixture()
+def java_group_store(tmp_path):
+    """A copy of the RocketMQ 4.9.3 fixture store, whose broker config holds ConsumerGroupA."""
+    src = fixture_dir("rocketmq-4.9.3/basic") / "store"
+    dst = tmp_path / "store"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_group_progress_resume_and_reset(spark, tmp_path, java_group_store):
+    store = java_group_store
+    broker_file = (store / "config" / "consumerOffset.json").read_bytes()
+    taken_over = read_consumer_offsets(store)[("TopicTest", "ConsumerGroupA")]
+    opts = dict(storePath=str(store), topic="TopicTest", consumerGroup="ConsumerGroupA")
+
+    # 1. A new query takes over the group where the Java consumers left it.
+    sink1, chk1 = tmp_path / "sink1", tmp_path / "chk1"
+    _run_available_now(spark, sink1, chk1, **opts)
+    got = _sink_keys(spark, sink1)
+    per_queue = Counter(q for (_, _, q, _) in got)
+    with Store(store) as s:
+        max_off = {q: s.max_offset("TopicTest", q) for q in range(4)}
+    assert dict(per_queue) == {q: max_off[q] - taken_over[q] for q in range(4) if max_off[q] > taken_over[q]}
+    for q in per_queue:
+        assert min(o for (_, _, qq, o) in got if qq == q) == taken_over[q]
+    assert (store / "config" / "consumerOffset.json").read_bytes() == broker_file  # never written
+
+    # 2. Spark committed: the group's progress is now the max offsets, in our offset store.
+    group = GroupOffsetStore(str(store / "rmq_source_offsets"), "ConsumerGroupA",
+                             broker_stores={"broker-a": str(store)})
+    assert {q: group.read_offset(MessageQueue("TopicTest", "broker-a", q)) for q in range(4)} == max_off
+
+    # 3. A new query (new checkpoint) of the group resumes: it reads only what was appended since.
+    with StoreWriter(store) as w:
+        w.create_topic("TopicTest", 4)
+        new = append_messages(w, "TopicTest", 12, start_ts=1_795_300_000_000, seed=5)
+    sink2, chk2 = tmp_path / "sink2", tmp_path / "chk2"
+    _run_available_now(spark, sink2, chk2, **opts)
+    assert sorted(_sink_keys(spark, sink2)) == _keys(new)
+
+    # 4. Reset by timestamp: a new query reads from the first message stored at/after T.
+    sink3, chk3 = tmp_path / "sink3", tmp_path / "chk3"
+    _run_available_now(spark, sink3, chk3, startingTimestamp=str(1_795_300_000_000), **opts)
+    assert sorted(_sink_keys(spark, sink3)) == _keys(new)
+
+    # 5. Reset by explicit offsets wins over the group's progress.
+    sink4, chk4 = tmp_path / "sink4", tmp_path / "chk4"
+    start = {"TopicTest": {"broker-a": {str(q): max_off[q] - 1 for q in range(4)}}}
+    _run_available_now(spark, sink4, chk4, startingOffsets=json.dumps(start), **opts)
+    got4 = _sink_keys(spark, sink4)
+    assert len(got4) == 4 + len(new)
