@@ -398,14 +398,15 @@ static inline int32_t body_crc(const uint8_t *b, int32_t n) {
 static int64_t utf8_invalid_at(const uint8_t *s, int64_t n) {
     int64_t i = 0;
     while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t v;
+        /* ASCII runs 16 bytes at a time */
+        while (i + 16 <= n) {
+            uint64_t v, w;
             memcpy(&v, s + i, 8);
-            if (!(v & 0x8080808080808080ull)) {
-                i += 8;
-                continue;
-            }
+            memcpy(&w, s + i + 8, 8);
+            if ((v | w) & 0x8080808080808080ull) break;
+            i += 16;
         }
+        if (i >= n) break;
         uint8_t c = s[i];
         if (c < 0x80) {
             i++;
@@ -707,6 +708,13 @@ static inline int buf_reserve(rmq_buf *b, int64_t extra) {
     return buf_grow(b, b->len + extra);
 }
 
+void rmq_batch_buffers(const rmq_batch *batch, uint64_t *addrs, int64_t *lens) {
+    for (int i = 0; i < RMQ_NBUF; i++) {
+        addrs[i] = (uint64_t)(uintptr_t)batch->bufs[i].data;
+        lens[i] = batch->bufs[i].len;
+    }
+}
+
 void rmq_batch_free(rmq_batch *batch) {
     if (!batch) return;
     for (int i = 0; i < RMQ_NBUF; i++) pool_put(batch->bufs[i].data, batch->bufs[i].cap);
@@ -842,6 +850,24 @@ static int format_host(char *out, const uint8_t *h, int width) {
 
 typedef struct prop { uint32_t ko, kl, vo, vl; } prop;
 
+typedef struct host_cache {
+    int width;            /* 0: empty */
+    int len;
+    uint8_t key[20];
+    char text[64];
+} host_cache;
+
+/* format_host with a one-entry cache of the last host field seen in this column. */
+static inline int format_host_cached(host_cache *c, char *out, const uint8_t *h, int width) {
+    if (c->width != width || memcmp(c->key, h, (size_t)width) != 0) {
+        c->len = format_host(c->text, h, width);
+        c->width = width;
+        memcpy(c->key, h, (size_t)width);
+    }
+    memcpy(out, c->text, (size_t)c->len);
+    return c->len;
+}
+
 typedef struct scanner {
     const rmq_scan_args *a;
     rmq_batch *b;
@@ -850,6 +876,7 @@ typedef struct scanner {
     uint32_t *hash;       /* scratch: dedupe table for records with many entries */
     int64_t hash_cap;
     int64_t rowcap;       /* rows every row-indexed buffer can hold */
+    host_cache born, store; /* hosts repeat from row to row (one broker, few producers) */
 } scanner;
 
 static inline void set_valid(rmq_buf *bm, int64_t row) {
@@ -902,7 +929,8 @@ static int64_t parse_props(scanner *sc, const uint8_t *s, int32_t n) {
                 int64_t found = -1;
                 if (!hashed) {
                     for (int64_t i = 0; i < cnt; i++)
-                        if (pr[i].kl == e.kl && memcmp(s + pr[i].ko, s + e.ko, e.kl) == 0) {
+                        if (pr[i].kl == e.kl && s[pr[i].ko] == s[e.ko] &&
+                            memcmp(s + pr[i].ko, s + e.ko, e.kl) == 0) {
                             found = i;
                             break;
                         }
@@ -973,7 +1001,72 @@ static inline int code_match(const rmq_scan_args *a, int32_t code) {
     return lo < a->ncodes && a->codes[lo] == code;
 }
 
+/* Tag codes as they sit in the unit (big-endian low 32 bits of tagsCode), for a compare
+ * without byte swapping; up to 4 codes, more go through code_match. */
+typedef struct fast_codes {
+    int n;          /* number of raw codes, or -1: use code_match */
+    uint32_t raw[4];
+} fast_codes;
+
+static void fast_codes_init(fast_codes *fc, const rmq_scan_args *a) {
+    fc->n = -1;
+    if (!a->filter || a->ncodes > 4) return;
+    fc->n = a->ncodes;
+    for (int i = 0; i < a->ncodes; i++) {
+        uint32_t be = __builtin_bswap32((uint32_t)a->codes[i]);
+        fc->raw[i] = be;
+    }
+}
+
+/* Number of leading units of `up[0 .. count)` that are written (phy >= 0, size > 0) and whose
+ * tag code is not subscribed: they are examined and rejected without touching the CommitLog. */
+static inline int64_t skip_rejected(const uint8_t *up, int64_t count, const rmq_scan_args *a,
+                                    const fast_codes *fc) {
+    int64_t i = 0;
+    if (fc->n == 1) {
+        uint32_t c0 = fc->raw[0];
+        for (; i < count; i++, up += CQ_UNIT) {
+            uint32_t raw;
+            memcpy(&raw, up + 16, 4);
+            if (raw == c0 || (up[0] & 0x80) || rd_i32(up + 8) <= 0) break;
+        }
+        return i;
+    }
+    if (fc->n >= 0) {
+        for (; i < count; i++, up += CQ_UNIT) {
+            uint32_t raw;
+            memcpy(&raw, up + 16, 4);
+            int hit = 0;
+            for (int k = 0; k < fc->n; k++) hit |= raw == fc->raw[k];
+            if (hit || (up[0] & 0x80) || rd_i32(up + 8) <= 0) break;
+        }
+        return i;
+    }
+    for (; i < count; i++, up += CQ_UNIT) {
+        if ((up[0] & 0x80) || rd_i32(up + 8) <= 0 || code_match(a, s32(be32(up + 16)))) break;
+    }
+    return i;
+}
+
 enum { ROW_ACCEPTED = 0, ROW_REJECTED = 1, ROW_FULL = 2 };
+
+/* After the first row: reserve every variable-size buffer for the expected row count (first row's
+ * usage x row capacity, +25%), so a batch is not regrown (and copied) a dozen times. */
+static int presize_from_first_row(scanner *sc) {
+    rmq_batch *b = sc->b;
+    b->bufs[RMQ_B_KEYITEM_OFF].len = (b->key_items + 1) * 4;
+    b->bufs[RMQ_B_PKEY_OFF].len = (b->prop_items + 1) * 4;
+    b->bufs[RMQ_B_PVAL_OFF].len = (b->prop_items + 1) * 4;
+    for (int i = 0; i < RMQ_NBUF; i++) {
+        if (row_width(i) != 0 || i == RMQ_B_BODY_DATA) continue; /* body: sized from the CQ */
+        rmq_buf *buf = &b->bufs[i];
+        int64_t want = (buf->len + 8) * (sc->rowcap + sc->rowcap / 4);
+        /* no column can hold more than max_bytes + the row that crossed it */
+        if (want > sc->a->max_bytes + buf->len) want = sc->a->max_bytes + buf->len;
+        if (want > buf->cap && buf_grow(buf, want)) return RMQ_E_NOMEM;
+    }
+    return RMQ_OK;
+}
 
 /* Decode record r (already structurally validated) into the batch. Returns ROW_* or an error
  * code (>= RMQ_E_ARG, offset by 100 to keep the spaces apart). */
@@ -1079,10 +1172,10 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
     }
     {
         rmq_buf *d = &B[RMQ_B_BORNHOST_DATA];
-        d->len += format_host((char *)d->data + d->len, r->born_host, r->bh);
+        d->len += format_host_cached(&sc->born, (char *)d->data + d->len, r->born_host, r->bh);
         put_off(&B[RMQ_B_BORNHOST_OFF], row + 1, d->len);
         d = &B[RMQ_B_STOREHOST_DATA];
-        d->len += format_host((char *)d->data + d->len, r->store_host, r->sh);
+        d->len += format_host_cached(&sc->store, (char *)d->data + d->len, r->store_host, r->sh);
         put_off(&B[RMQ_B_STOREHOST_OFF], row + 1, d->len);
     }
     append_str(&B[RMQ_B_BODY_OFF], &B[RMQ_B_BODY_DATA], row, r->body, r->body_len);
@@ -1130,6 +1223,8 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
     put_off(&B[RMQ_B_PROPS_OFF], row + 1, b->prop_items);
     b->rows = row + 1;
     b->data_bytes += row_bytes;
+    if (row == 0 && presize_from_first_row(sc))
+        return 100 + set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
     return ROW_ACCEPTED;
 }
 
@@ -1167,7 +1262,7 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         if (hint_bytes > a->max_bytes) hint_bytes = a->max_bytes;
     }
     if (hint_rows < 64) hint_rows = 64;
-    scanner sc = {a, batch_new(hint_rows + 8), NULL, 0, NULL, 0, hint_rows + 8};
+    scanner sc = {a, batch_new(hint_rows + 8), NULL, 0, NULL, 0, hint_rows + 8, {0}, {0}};
     if (!sc.b) return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
     rmq_batch *b = sc.b;
     if (hint_bytes > 0 && buf_reserve(&b->bufs[RMQ_B_BODY_DATA], hint_bytes)) {
@@ -1178,6 +1273,8 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
     int status = RMQ_ST_END;
     int64_t n = a->start;
     int code = RMQ_OK;
+    fast_codes fc;
+    fast_codes_init(&fc, a);
 
     while (n < a->end) {
         /* locate the CQ file of unit n and walk the units it holds */
@@ -1198,6 +1295,13 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         const uint8_t *up = cseg->base + cpos;
         int done = 0;
         for (; n < stop; n++, up += CQ_UNIT) {
+            if (a->filter) {
+                /* the hot loop of a tag-filtered scan: pass over rejected units */
+                int64_t skip = skip_rejected(up, stop - n, a, &fc);
+                n += skip;
+                up += skip * CQ_UNIT;
+                if (n == stop) break;
+            }
             int64_t phy = rd_i64(up);
             int32_t size = rd_i32(up + 8);
             if (phy < 0 || size <= 0) {

@@ -127,6 +127,8 @@ int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset
 int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *args,
                    rmq_batch **out, rmq_error *err);
 void rmq_batch_free(rmq_batch *batch);
+/* addresses and used lengths of the RMQ_NBUF buffers of a batch (for zero-copy wrapping) */
+void rmq_batch_buffers(const rmq_batch *batch, uint64_t *addrs, int64_t *lens);
 const char *rmq_code_name(int code);
 /* CDEF END */
 

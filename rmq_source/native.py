@@ -180,7 +180,8 @@ class CommitLog:
 
     ``segments`` are sorted by ``file_start`` and consecutive (each starts ``file_size`` bytes
     after the previous one); ``min_offset`` is the first segment's ``file_start`` (0 when empty):
-    records below it were deleted by retention.
+    records below it were deleted by retention. The CommitLog is a snapshot of that file list: it
+    keeps the mappings alive itself, so closing its Segments later does not invalidate it.
     """
 
     def __init__(self, segments: list[Segment], file_size: int):
@@ -239,15 +240,14 @@ def _check_cq(cq_segments, cq_file_size: int) -> _Files:
     _check_int("cq_file_size", cq_file_size, CQ_UNIT_SIZE)
     if cq_file_size % CQ_UNIT_SIZE:
         raise RmqOptionError(f"cq_file_size must be a multiple of 20, got {cq_file_size}")
-    files = _Files(cq_segments, cq_file_size, "ConsumeQueue")
-    return files
+    return _Files(cq_segments, cq_file_size, "ConsumeQueue")
 
 
 def _check_commitlog(commitlog) -> CommitLog:
+    # A CommitLog holds its own references to the mappings: closing its Segments afterwards does
+    # not invalidate it (it is a snapshot of the file list taken at construction).
     if not isinstance(commitlog, CommitLog):
         raise RmqOptionError(f"commitlog must be a CommitLog, got {commitlog!r}")
-    for seg in commitlog.segments:
-        seg._live()
     return commitlog
 
 
@@ -281,11 +281,13 @@ def _wrap(batch_ptr) -> pa.RecordBatch:
     """Arrow arrays over the C buffers, zero-copy; the buffers live as long as any array."""
     keep = ffi.gc(batch_ptr, lib.rmq_batch_free)
     n = int(keep.rows)
-    bufs = keep.bufs
+    addrs = ffi.new("uint64_t[]", lib.RMQ_NBUF)
+    lens = ffi.new("int64_t[]", lib.RMQ_NBUF)
+    lib.rmq_batch_buffers(keep, addrs, lens)
+    addrs, lens = ffi.unpack(addrs, lib.RMQ_NBUF), ffi.unpack(lens, lib.RMQ_NBUF)
 
     def buf(i):
-        b = bufs[i]
-        return pa.foreign_buffer(int(ffi.cast("uintptr_t", b.data)), int(b.len), base=keep)
+        return pa.foreign_buffer(addrs[i], lens[i], base=keep)
 
     def fixed(t, i):
         return pa.Array.from_buffers(t, n, [None, buf(i)], null_count=0)

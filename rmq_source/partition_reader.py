@@ -55,7 +55,13 @@ class RmqInputPartition(InputPartition):
 
 
 def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
-    """Yield the partition's rows: each range in ascending queue offset, ranges in order."""
+    """Yield the partition's rows: each range in ascending queue offset, ranges in order.
+
+    Spark hands a plain ``InputPartition(None)`` to ``read`` when the plan has no partition (nothing
+    to read): it yields nothing.
+    """
+    if not isinstance(part, RmqInputPartition):
+        return
     if part.lock is not None:
         from .locks import check_task_locks
         check_task_locks(part)

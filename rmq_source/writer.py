@@ -4,7 +4,7 @@
 full size, the next file preallocated, a BLANK record when ``record + 8 > remaining``),
 ``consumequeue/<topic>/<queueId>/`` (20-byte units, files created on demand), ``config/topics.json``
 and ``checkpoint``. Readers may read the store while it is written: a record is completely in the
-CommitLog (its first 8 bytes written last) before its ConsumeQueue unit appears.
+CommitLog (its MAGIC written last) before its ConsumeQueue unit appears (its size written last).
 
 Reopening a store resumes it as a broker restart would: the CommitLog end and every queue's max
 offset are recovered with the broker's rules (format doc §2.3, §2.4) through :mod:`rmq_source.native`;
@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from . import record_codec as rc
 from .config_files import dump_fastjson, load_config_json, write_config_atomic
@@ -40,6 +40,7 @@ DEFAULT_CQ_UNITS_PER_FILE = 300_000
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 CHECKPOINT_SIZE = 4096
 MAX_QUEUES = 65535
+PERM_WRITE = 2
 _FILE_NAME = re.compile(r"^\d{20}$")
 _ZERO_CHUNK = bytes(1 << 20)
 _INT64_MAX = (1 << 63) - 1
@@ -105,8 +106,14 @@ def validate_topic(topic: Any) -> bytes:
 
 
 @lru_cache(maxsize=256)
-def _host(text: str, option: str) -> rc.Host:
+def _cached_host(text: str, option: str) -> rc.Host:
     return rc.parse_host(text, option=option)
+
+
+def _host(text: Any, option: str) -> rc.Host:
+    if type(text) is not str:
+        return rc.parse_host(text, option=option)    # raises the option error
+    return _cached_host(text, option)
 
 
 def _file_name(start: int) -> str:
@@ -119,14 +126,6 @@ def _list_files(folder: Path) -> list[tuple[int, Path]]:
     except FileNotFoundError:
         return []
     return sorted((int(n), folder / n) for n in names if _FILE_NAME.match(n))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _data_ranges(fd: int, pos: int, size: int):
@@ -157,6 +156,14 @@ def _zero_from(mm: mmap.mmap, fd: int, pos: int) -> None:
             if mm[start:start + n] != _ZERO_CHUNK[:n]:
                 mm[start:start + n] = _ZERO_CHUNK[:n]
             start += n
+
+
+def _publish(mm: mmap.mmap, pos: int, data: bytes) -> None:
+    """Copy records to ``mm[pos:]`` so that a concurrent reader never sees a valid magic before the
+    bytes it announces: everything after the first 8 bytes, then TOTALSIZE, then MAGIC last."""
+    mm[pos + 8:pos + len(data)] = memoryview(data)[8:]
+    mm[pos:pos + 4] = data[:4]
+    mm[pos + 4:pos + 8] = data[4:8]
 
 
 class _MappedFile:
@@ -221,7 +228,8 @@ class _Topic:
         v2 = len(self.raw) > rc.V1_MAX_TOPIC_LENGTH
         self.magic = rc.MAGIC_V2 if v2 else rc.MAGIC_V1
         self.len_bytes = len(self.raw).to_bytes(2 if v2 else 1, "big")
-        self.len_part = len(self.len_bytes) + len(self.raw)   # TOPICLENGTH field + topic
+        self.topic_part = self.len_bytes + self.raw              # TOPICLENGTH field + topic
+        self.len_part = len(self.topic_part)
 
 
 class StoreWriter:
@@ -259,11 +267,12 @@ class StoreWriter:
         self.properties_style = properties_style
         self.store_host = _host(store_host, "store_host")
         self.born_host = _host(born_host, "born_host")
-        self._store_host_text, self._born_host_text = store_host, born_host
         self._uniq = rc.UniqKeyFactory()
-        # TAGS value (None = no tag) -> (tagsCode, property bytes before the UNIQ_KEY value)
-        self._tag_props: dict[str | None, tuple[int, bytes]] = {None: (0, b"UNIQ_KEY\x01")}
+        # TAGS value (None = no tag) -> (tagsCode, PROPERTIESLENGTH + property bytes before the
+        # UNIQ_KEY value, PROPERTIESLENGTH) for the default born host
         self._props_tail = b"\x02WAIT\x01true" + (b"\x02" if properties_style == "5.3.3" else b"")
+        self._tag_props: dict[str | None, tuple[int, bytes, int]] = {}
+        self._tag_props[None] = self._fast_props_info(0, b"UNIQ_KEY\x01")
         self._uk_ms = -1
         self._uk_prefix = b""
         self._bh_field, self._sh_field = self.born_host.field, self.store_host.field
@@ -273,6 +282,7 @@ class StoreWriter:
                           | (rc.FLAG_STOREHOST_V6 if self.store_host.is_v6 else 0))
         self._fixed_len = 74 + len(self._bh_field) + len(self._sh_field)
         self._topics: dict[str, _Topic] = {}
+        self._fast_topics: dict[str, _Topic] = {}
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._other_topics: dict[str, dict] = {}
         self._data_version: dict = {}
@@ -406,6 +416,7 @@ class StoreWriter:
                        {k: v for k, v in cfg.items() if k not in managed})
         self._topics[name] = topic
         self._other_topics.pop(name, None)
+        self._refresh_fast_topics()
         return topic
 
     def _topic_json(self, name: str, read: int, write: int, perm: int, order: bool,
@@ -458,7 +469,13 @@ class StoreWriter:
         else:
             existing.read_queues, existing.write_queues = read, queues
             existing.perm, existing.order = perm, order
+        self._refresh_fast_topics()
         self._write_topics()
+
+    def _refresh_fast_topics(self) -> None:
+        """Topics append's fast path may write to: writable (PERM_WRITE) with write queues."""
+        self._fast_topics = {name: t for name, t in self._topics.items()
+                             if t.perm & PERM_WRITE and t.write_queues > 0}
 
     def topics(self) -> dict[str, int]:
         """Topics this writer can append to, with their number of write queues."""
@@ -658,7 +675,9 @@ class StoreWriter:
         """End the active file with a BLANK record and continue in the (preallocated) next one."""
         cl = self._cl
         remaining = cl.size - self._pos
-        cl.mm[self._pos:self._pos + 8] = rc.blank_record(remaining)
+        blank = rc.blank_record(remaining)
+        cl.mm[self._pos:self._pos + 4] = blank[:4]
+        cl.mm[self._pos + 4:self._pos + 8] = blank[4:]    # the magic last
         cl.close()
         self._cl = self._next_cl
         self._pos = 0
@@ -669,11 +688,14 @@ class StoreWriter:
     # ------------------------------------------------------------------------------ ConsumeQueue
 
     def _put_unit(self, q: _Queue, phy: int, size: int, code: int) -> None:
+        """Write the unit for ``q.next_offset``: phy and tagsCode first, then the size as one
+        aligned 4-byte store, so a reader that sees size > 0 also sees the rest."""
         off = q.next_offset
         if q.file is None or not (q.file_first <= off < q.file_end):
             self._map_queue_file(q, off)
         pos = (off - q.file_first) * 20
-        _CQ_PACK(q.mm, pos, phy, size, code)
+        _CQ_PACK(q.mm, pos, phy, 0, code)
+        q.mm[pos + 8:pos + 12] = size.to_bytes(4, "big")    # size > 0 makes the unit valid: last
         q.next_offset = off + 1
 
     def _map_queue_file(self, q: _Queue, offset: int) -> None:
@@ -700,10 +722,16 @@ class StoreWriter:
             return 0
         info = self._tag_props.get(tags)
         if info is None:
-            info = (tags_code(tags), b"TAGS\x01" + tags.encode("utf-8") + b"\x02UNIQ_KEY\x01")
+            info = self._fast_props_info(
+                tags_code(tags), b"TAGS\x01" + tags.encode("utf-8") + b"\x02UNIQ_KEY\x01")
             if len(self._tag_props) < 4096:
                 self._tag_props[tags] = info
         return info[0]
+
+    def _fast_props_info(self, code: int, head: bytes) -> tuple[int, bytes, int]:
+        # UNIQ_KEY of the default born host: hex of ip + pid(2) + hash(4) + time(4) + counter(2)
+        props_len = len(head) + 2 * (len(self.born_host.address) + 12) + len(self._props_tail)
+        return code, props_len.to_bytes(2, "big") + head, props_len
 
     # ------------------------------------------------------------------------------------ append
 
@@ -713,6 +741,9 @@ class StoreWriter:
 
     def _select_queue(self, t: _Topic, queue_id, selector, selector_arg, message_parts) -> int:
         n = t.write_queues
+        if not t.perm & PERM_WRITE or n <= 0:
+            raise RmqOptionError(f"topic {t.name!r} is not writable (perm {t.perm}, "
+                                 f"{n} write queues); the broker refuses such sends")
         if queue_id is not None:
             if selector is not None:
                 raise RmqOptionError("give either queue_id or selector, not both")
@@ -817,12 +848,12 @@ class StoreWriter:
         """
         # Fast path for the common shape (bytes body, known topic, known tag or none, default hosts
         # and timestamps); it writes exactly the bytes _append_general writes for the same message.
-        t = self._topics.get(topic)
+        t = self._fast_topics.get(topic)     # emptied by close()
         tag_info = self._tag_props.get(tags) if (tags is None or type(tags) is str) else None
         if (t is None or tag_info is None or type(body) is not bytes or selector is not None
                 or keys is not None or properties is not None or uniq_key is not None
                 or born_host is not None or store_host is not None or compression is not None
-                or born_timestamp is not None or store_timestamp is not None or self._closed
+                or born_timestamp is not None or store_timestamp is not None
                 or (flag, reconsume_times, prepared_transaction_offset, sys_flag_extra) != _ZEROS):
             return self._append_general(
                 topic, body, queue_id=queue_id, selector=selector, selector_arg=selector_arg,
@@ -845,9 +876,7 @@ class StoreWriter:
         if now != self._uk_ms:
             self._uk_ms = now
             self._uk_prefix = self._uniq.prefix(self.born_host.address, now).encode("ascii")
-        code, props_head = tag_info
-        uk_prefix = self._uk_prefix
-        props_len = len(props_head) + len(uk_prefix) + 4 + len(self._props_tail)
+        code, props_head, props_len = tag_info
         total = self._fixed_len + len(body) + t.len_part + props_len
         if total > self._fast_max_total:
             return self._append_general(topic, body, queue_id=qid, tags=tags)
@@ -864,15 +893,19 @@ class StoreWriter:
             self._head.pack(total, t.magic, zlib.crc32(body) & 0x7FFFFFFF, qid, 0, off, phy,
                             self._sys_flag, now, self._bh_field, now, self._sh_field, 0, 0,
                             len(body)),
-            body, t.len_bytes, t.raw, props_len.to_bytes(2, "big"), props_head, uk_prefix,
-            _COUNTER_HEX[next(_COUNTER) & 0xFFFF], self._props_tail))
+            body, t.topic_part, props_head, self._uk_prefix, _COUNTER_HEX[next(_COUNTER) & 0xFFFF],
+            self._props_tail))
         mm = cl.mm
+        # inlined _publish (see there)
         mm[pos + 8:pos + total] = memoryview(record)[8:]
-        mm[pos:pos + 8] = record[:8]
+        mm[pos:pos + 4] = record[:4]
+        mm[pos + 4:pos + 8] = record[4:8]
         self._pos = pos + total
         self._last_store_ts = self._last_dispatch_ts = now
         if q.file_first <= off < q.file_end:
-            _CQ_PACK(q.mm, (off - q.file_first) * 20, phy, total, code)
+            upos = (off - q.file_first) * 20
+            _CQ_PACK(q.mm, upos, phy, 0, code)
+            q.mm[upos + 8:upos + 12] = total.to_bytes(4, "big")
             q.next_offset = off + 1
         else:
             self._put_unit(q, phy, total, code)
@@ -969,9 +1002,7 @@ class StoreWriter:
         record = b"".join((head, body, len(raw_topic).to_bytes(2 if v2 else 1, "big"), raw_topic,
                            len(props).to_bytes(2, "big"), props))
         mm = cl.mm
-        # everything but TOTALSIZE/MAGIC first: a concurrent reader sees magic 0 until it is complete
-        mm[pos + 8:pos + total] = memoryview(record)[8:]
-        mm[pos:pos + 8] = record[:8]
+        _publish(mm, pos, record)
         self._pos = pos + total
         self._last_store_ts = store_ts
         if dispatch:
@@ -1071,9 +1102,7 @@ class StoreWriter:
             off += 1
         blob = b"".join(parts)
         mm, pos = cl.mm, self._pos
-        # all but the first record's TOTALSIZE/MAGIC first: readers see the batch only complete
-        mm[pos + 8:pos + batch_size] = memoryview(blob)[8:]
-        mm[pos:pos + 8] = blob[:8]
+        _publish(mm, pos, blob)
         self._pos = pos + batch_size
         self._last_store_ts = self._last_dispatch_ts = store_ts
         sh_hex = self._sh_hex
@@ -1151,6 +1180,7 @@ class StoreWriter:
             if f is not None:
                 f.close()
         self._cl = self._next_cl = None
+        self._fast_topics = {}
         self._release_lock()
         self._closed = True
 

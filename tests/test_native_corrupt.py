@@ -212,6 +212,65 @@ def test_crc_is_not_checked_unless_asked(damaged):
     assert (res.status, res.batch.num_rows, res.next_offset) == ("CQ_END", 317, 317)
 
 
+# -- random damage (property-based): a row or a documented error, never anything else -----------
+
+def _fuzz_store(root: Path) -> tuple[bytes, bytes]:
+    from test_native_craft import CraftStore, Rec, host
+    store = CraftStore(root, 4096, 10 * 20)
+    store.add(Rec(body=b"abc" * 20, props={"TAGS": "A", "KEYS": "k1 k2", "UNIQ_KEY": "U"}))
+    store.add(Rec(born_host=host("::1", 7), store_host=host("fe80::1", 8), body=b"\x00" * 33,
+                  props={"名前": "値", "TAGS": "B"}))
+    store.add(Rec(topic="V2" + "x" * 140, v2=True, body=b"z", props=b"a\x01b\x02"))
+    store.add(Rec(props={"TAGS": "A"}, sysflag=0x301, body=b"\x78\x9c"))
+    store.write()
+    cl = (root / "commitlog" / f"{0:020d}").read_bytes()
+    return cl, b""
+
+
+try:
+    from hypothesis import HealthCheck, given, settings, strategies as st
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    given = None
+
+if given is not None:
+    @settings(max_examples=int(os.environ.get("RMQ_FUZZ_EXAMPLES", "150")), deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(pokes=st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 255)), min_size=1,
+                          max_size=6),
+           unit_pokes=st.lists(st.tuples(st.integers(0, 79), st.integers(0, 255)), max_size=2),
+           verify=st.booleans())
+    def test_random_damage_never_crashes(tmp_path_factory, pokes, unit_pokes, verify):
+        import test_native_craft as craft
+        root = tmp_path_factory.mktemp("fuzz")
+        cl_bytes, _ = _fuzz_store(root)
+        data = bytearray(cl_bytes)
+        for pos, val in pokes:
+            data[pos] = val
+        (root / "commitlog" / f"{0:020d}").write_bytes(bytes(data))
+        topics = sorted(os.listdir(root / "consumequeue"))
+        for topic in topics:
+            qdir = root / "consumequeue" / topic / "0"
+            unit_file = qdir / f"{0:020d}"
+            raw = bytearray(unit_file.read_bytes())
+            for pos, val in unit_pokes:
+                raw[pos] = val
+            unit_file.write_bytes(bytes(raw))
+            cl, cq = craft.open_store(root, 4096, topic)
+            for codes, tags in ((None, None), ((craft.java_hash("A"),), ("A",))):
+                try:
+                    res = native.scan_queue(cl, cq, 200, 0, 10, codes=codes, tags=tags,
+                                            verify_crc=verify)
+                    res.batch.validate(full=True)      # offsets, UTF-8, map keys
+                    assert res.batch.num_rows <= 4
+                except RmqCorruptStoreError as exc:
+                    assert exc.code and exc.path and exc.position is not None
+            try:
+                native.lookup_time(cl, cq, 200, 0, native.cq_valid_units(cq[0]), 1_700_000_000_100)
+            except RmqCorruptStoreError as exc:
+                assert exc.code
+            assert 0 <= cl.valid_end(verify_crc=verify) <= 4096
+
+
 # -- the same table under AddressSanitizer + UBSan -------------------------------------------
 
 def _libasan() -> str | None:

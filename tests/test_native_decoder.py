@@ -427,3 +427,14 @@ def test_segment_list_validation(tmp_path):
     cq[1].close()
     with pytest.raises(RmqOptionError, match="closed"):
         native.scan_queue(cl, cq, CQ_SIZE, 0, 1)
+
+
+def test_commitlog_is_a_snapshot_that_outlives_closed_segments(tmp_path):
+    cl, cq = _tagged_store(tmp_path, ["a"] * 3)
+    end = cl.valid_end()
+    for seg in cl.segments:
+        seg.close()
+    import gc
+    gc.collect()
+    assert cl.valid_end() == end
+    assert native.scan_queue(cl, cq, CQ_SIZE, 0, 3).batch.num_rows == 3

@@ -160,6 +160,10 @@ def test_garbage_files_beyond_the_end_are_removed(tmp_path):
     end = end_of(results)
     far = end - end % CL + 2 * CL                     # just after the preallocated file
     (root / "commitlog" / f"{far:020d}").write_bytes(b"\x01" * CL)
+    nxt = root / "commitlog" / f"{far - CL:020d}"                # the preallocated file
+    with open(nxt, "r+b") as f:
+        f.seek(CL // 2)
+        f.write(b"\xee" * 100)
     with StoreWriter(root) as w:
         assert w.commitlog_end == end
     names = sorted(p.name for p in (root / "commitlog").iterdir())

@@ -166,3 +166,19 @@ def test_reader_concurrent_with_writer_sees_only_complete_messages(tmp_path):
     finally:
         proc.wait(timeout=60)
     assert proc.returncode == 0
+
+
+def test_batches_read_back(tmp_path):
+    bodies = [bytes([i]) * i for i in range(40)]
+    with StoreWriter(tmp_path / "s", commitlog_file_size=4096, cq_units_per_file=8) as w:
+        w.create_topic("T", 2)
+        written = []
+        for i in range(0, 40, 5):
+            written += w.append_batch("T", bodies[i:i + 5], tags="TagA", keys=["k"])
+    with Store(tmp_path / "s") as store:
+        for qid in (0, 1):
+            mine = [(r, bodies[i]) for i, r in enumerate(written) if r.queue_id == qid]
+            batch = store.read("T", qid, 0, 100)
+            assert batch.column("body").to_pylist() == [b for _, b in mine]
+            assert batch.column("msgId").to_pylist() == [r.msg_id for r, _ in mine]
+            assert set(batch.column("tags").to_pylist()) == {"TagA"}

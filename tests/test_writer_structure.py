@@ -400,3 +400,80 @@ def test_retention_deletes_oldest_commitlog_then_obsolete_cq_files(tmp_path):
         active = results[-1].commitlog_offset - results[-1].commitlog_offset % CL
         assert commitlog_files(root)[0].name == f"{active:020d}"
         w.append("T", b"still writable")
+
+
+@pytest.mark.parametrize("call", ["append", "append_batch"])
+def test_read_only_topic_refuses_appends(store, call):
+    store.create_topic("RO", 2, perm=4)
+    with pytest.raises(RmqOptionError, match="not writable"):
+        if call == "append":
+            store.append("RO", b"", tags="TagA")
+        else:
+            store.append_batch("RO", [b""])
+
+
+def test_append_batch_members(store):
+    results = store.append_batch("T", [b"a", b"", b"ccc" * 50], queue_id=1, tags="TagB",
+                                 keys=["k"], properties={"p": "v"}, store_timestamp=1_800_000_000_000)
+    assert [r.queue_id for r in results] == [1, 1, 1]
+    assert [r.queue_offset for r in results] == [0, 1, 2]
+    data = (store.root / "commitlog" / f"{0:020d}").read_bytes()
+    records = [rc.decode_record(data, r.commitlog_offset) for r in results]
+    assert [rec.body for rec in records] == [b"a", b"", b"ccc" * 50]
+    assert {rec.store_timestamp for rec in records} == {1_800_000_000_000}
+    assert len({rec.properties["UNIQ_KEY"] for rec in records}) == 3
+    for r, rec in zip(results, records):
+        assert rec.properties_raw.startswith(b"TAGS\x01TagB\x02KEYS\x01k\x02UNIQ_KEY\x01")
+        assert rec.properties_raw.endswith(b"\x02WAIT\x01true\x02p\x01v")
+        assert cq_unit(store.root, "T", 1, r.queue_offset) == (r.commitlog_offset, r.size,
+                                                              java_string_hash("TagB"))
+    assert results[1].commitlog_offset == results[0].commitlog_offset + results[0].size
+    assert store.append_batch("T", []) == []
+    assert store.append("T", b"after", queue_id=1).queue_offset == 3
+
+
+def test_append_batch_is_placed_as_a_whole(store):
+    store.append("T", b"x" * 3000, queue_id=0)                 # leaves ~1000 bytes in file 0
+    results = store.append_batch("T", [b"y" * 300] * 4, queue_id=0)
+    assert all(r.commitlog_offset // CL == 1 for r in results)  # moved together to file 1
+    data = (store.root / "commitlog" / f"{0:020d}").read_bytes()
+    first = rc.decode_record(data, 0)
+    assert struct.unpack_from(">ii", data, first.total_size) == (CL - first.total_size,
+                                                                rc.BLANK_MAGIC)
+
+
+def test_append_batch_bytes_match_single_appends(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer_module.time, "time_ns", lambda: 1_700_000_000_123_000_000)
+    records = []
+    for n, batch in enumerate((False, True)):
+        with StoreWriter(tmp_path / f"s{n}", commitlog_file_size=CL) as w:
+            w.create_topic("T", 2)
+            bodies = [b"one", b"two"]
+            if batch:
+                rs = w.append_batch("T", bodies, queue_id=1, tags="TagA", properties={"p": "1"})
+            else:
+                rs = [w.append("T", b, queue_id=1, tags="TagA", properties={"p": "1"})
+                      for b in bodies]
+            data = (w.root / "commitlog" / f"{0:020d}").read_bytes()
+            for r in rs:
+                rec = bytearray(data[r.commitlog_offset:r.commitlog_offset + r.size])
+                i = rec.index(b"UNIQ_KEY\x01") + 9 + 28
+                rec[i:i + 4] = b"____"                          # per-process counter differs
+                records.append(bytes(rec))
+    assert records[:2] == records[2:]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"bodies": [b"x" * 3000, b"y" * 3000]}, "cannot fit"),
+    ({"bodies": [b"x"], "properties": {"UNIQ_KEY": "u"}}, "UNIQ_KEY"),
+    ({"bodies": [b"x", "text"]}, "bytes"),
+    ({"bodies": 5}, "iterable"),
+    ({"bodies": [b"x"], "queue_id": 9}, "queue_id"),
+    ({"bodies": [b"x"], "tags": ""}, "tags"),
+    ({"bodies": [b"x"], "store_timestamp": -1}, "store_timestamp"),
+])
+def test_append_batch_rejects(store, kwargs, match):
+    before = store.commitlog_end
+    with pytest.raises(RmqOptionError, match=match):
+        store.append_batch("T", **kwargs)
+    assert store.commitlog_end == before

@@ -1,0 +1,174 @@
+"""End-to-end batch read throughput of ``spark.read.format("rmq")`` against its ceiling, same run.
+
+1. Writes (once; reused from ``--workdir``) a store of ``--messages`` 1 KiB messages, one topic,
+   8 queues, each message with a tag, one key and a UNIQ_KEY, with :class:`StoreWriter`; and, from
+   it, the Arrow ceiling files: the same rows, in the same batches, one file per queue.
+2. Warms the page cache (store and ceiling files).
+3. Without Spark, on a subset of every queue: our reader (``Store.iter_batches``) against a
+   straightforward pure-Python decoder (bench/pure_python_decoder.py) of the same messages into
+   the same schema; outputs are checked equal first. Target: >= 10x.
+4. On ``local[2]`` with the ``noop`` sink, full schema, interleaved rounds (ceiling, rmq, ceiling,
+   rmq, ...), best of ``--repeat``: the ceiling (a trivial Python data source yielding the
+   pre-built batches from memory-mapped Arrow IPC files, same number of partitions) and
+   ``spark.read.format("rmq")``. Target: rmq >= 0.7 x ceiling.
+
+Rates count every row of the topic; GB/s counts CommitLog record bytes (what the reader consumes;
+bodies are 1 KiB of each ~1.2 KiB record). No assertion: this prints measurements and ratios.
+
+    python bench/bench_spark.py [--quick] [--workdir /tmp/rmq_bench] [--messages 2000000]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import common  # noqa: F401  (puts the checkout on sys.path)
+from common import (DEFAULT_WORKDIR, TOPIC, StoreSpec, ensure_ceiling_files, ensure_store,
+                    fmt_rate, interleaved_best, print_machine, print_table, register_ceiling_source,
+                    spark_session, store_bytes, warm_page_cache)
+
+SPARK_TARGET = 0.7
+PURE_PYTHON_TARGET = 10.0
+
+
+def compare_pure_python(store_root, queues: int, per_queue: int, repeat: int) -> dict:
+    """Store.iter_batches vs the pure-Python decoder on the first ``per_queue`` messages of
+    every queue; returns {name: best seconds} and the row count."""
+    import pyarrow as pa
+    from pure_python_decoder import PurePythonQueueReader
+    from rmq_source.store import Store
+
+    store = Store(store_root)
+    pure = PurePythonQueueReader(store_root)
+    qids = [q.queue_id for q in store.queues([TOPIC]) if q.max_offset > q.min_offset][:queues]
+
+    ours = pa.Table.from_batches([b for q in qids for b in store.iter_batches(TOPIC, q, 0, per_queue)])
+    theirs = pa.Table.from_batches([pure.decode_queue(TOPIC, q, 0, per_queue) for q in qids])
+    if not ours.equals(theirs):
+        raise SystemExit("pure-Python decoder and Store.iter_batches disagree; fix the decoder")
+    rows = ours.num_rows
+    del ours, theirs
+
+    def run_store():
+        for q in qids:
+            for _ in store.iter_batches(TOPIC, q, 0, per_queue):
+                pass
+
+    def run_pure():
+        for q in qids:
+            pure.decode_queue(TOPIC, q, 0, per_queue)
+
+    times = interleaved_best({"Store.iter_batches": run_store, "pure Python": run_pure}, repeat)
+    pure.close()
+    store.close()
+    return {"rows": rows, **{k: min(v) for k, v in times.items()}}
+
+
+def whole_store_single_thread(store_root, repeat: int) -> float:
+    """Best seconds for Store.iter_batches over every queue of the topic, in this process."""
+    from rmq_source.store import Store
+
+    with Store(store_root) as store:
+        qs = store.queues([TOPIC])
+
+        def run():
+            for q in qs:
+                for _ in store.iter_batches(TOPIC, q.queue_id, q.min_offset, q.max_offset):
+                    pass
+        return min(interleaved_best({"store": run}, repeat)["store"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
+    parser.add_argument("--messages", type=int, default=2_000_000)
+    parser.add_argument("--queues", type=int, default=8)
+    parser.add_argument("--body-size", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per measurement (best kept)")
+    parser.add_argument("--subset", type=int, default=80_000,
+                        help="messages decoded by the pure-Python comparison (spread over queues)")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--quick", action="store_true",
+                        help="200,000 messages, 2 rounds, 20,000-message subset")
+    args = parser.parse_args()
+    if args.quick:
+        args.messages, args.repeat, args.subset = 200_000, 2, 20_000
+    args.repeat = max(2, args.repeat)
+
+    print_machine()
+    spec = StoreSpec(args.messages, args.body_size, args.queues)
+    store_root = ensure_store(args.workdir, spec)
+    ceiling_dir = ensure_ceiling_files(args.workdir, store_root)
+    msgs, rec_bytes = store_bytes(store_root)
+    t0 = time.perf_counter()
+    warmed = warm_page_cache([store_root, ceiling_dir])
+    print(f"store {store_root}: {msgs:,} messages, {rec_bytes / 1e9:.2f} GB of records; page cache "
+          f"warmed ({warmed / 1e9:.2f} GB read in {time.perf_counter() - t0:.1f} s)\n", flush=True)
+
+    # -- without Spark ----------------------------------------------------------------------
+    per_queue = max(1, args.subset // args.queues)
+    cmp = compare_pure_python(store_root, args.queues, per_queue, args.repeat)
+    single = whole_store_single_thread(store_root, args.repeat)
+
+    # -- Spark ----------------------------------------------------------------------------------
+    spark = spark_session(args.master)
+    register_ceiling_source(spark)
+
+    def rmq_df():
+        return (spark.read.format("rmq").option("storePath", str(store_root)).option("topic", TOPIC)
+                .load())
+
+    def ceiling_df():
+        return spark.read.format("arrow_ceiling").option("path", str(ceiling_dir)).load()
+
+    parts = {}
+    for name, make in (("ceiling", ceiling_df), ("rmq", rmq_df)):
+        df = make()
+        parts[name] = df.rdd.getNumPartitions()
+        t0 = time.perf_counter()
+        count = df.count()                        # warm-up pass (workers, JIT) and row check
+        print(f"warm-up {name}: count() = {count:,} in {time.perf_counter() - t0:.1f} s, "
+              f"{parts[name]} partitions", flush=True)
+        if count != msgs:
+            raise SystemExit(f"{name} returned {count} rows, expected {msgs}")
+
+    def noop(make):
+        return lambda: make().write.format("noop").mode("overwrite").save()
+
+    rounds = interleaved_best({"ceiling": noop(ceiling_df), "rmq": noop(rmq_df)}, args.repeat)
+    spark.stop()
+
+    best = {k: min(v) for k, v in rounds.items()}
+    print()
+    print(f"Spark {args.master}, noop sink, full schema, {msgs:,} rows of {args.body_size} B bodies "
+          f"({rec_bytes / msgs:.0f} B records); best of {args.repeat} interleaved rounds")
+    rows = []
+    for name, label in (("ceiling", "Arrow ceiling source (pre-built batches)"),
+                        ("rmq", 'spark.read.format("rmq")')):
+        secs = best[name]
+        rows.append([label, parts[name], f"{secs:.2f}", fmt_rate(msgs / secs),
+                     f"{rec_bytes / secs / 1e9:.2f}",
+                     " ".join(f"{s:.2f}" for s in rounds[name])])
+    print_table(["source", "partitions", "best s", "rows/s", "GB/s", "all rounds s"], rows)
+
+    ratio_spark = best["ceiling"] / best["rmq"]
+    ratio_pure = cmp["pure Python"] / cmp["Store.iter_batches"]
+    print(f"Without Spark, one thread, {cmp['rows']:,} messages ({per_queue:,} per queue):")
+    print_table(["reader", "best s", "rows/s"], [
+        ["Store.iter_batches (C core)", f"{cmp['Store.iter_batches']:.3f}",
+         fmt_rate(cmp["rows"] / cmp["Store.iter_batches"])],
+        ["pure-Python struct decoder", f"{cmp['pure Python']:.3f}",
+         fmt_rate(cmp["rows"] / cmp["pure Python"])],
+        [f"Store.iter_batches, whole store ({msgs:,})", f"{single:.3f}", fmt_rate(msgs / single)],
+    ])
+    print("Ratios (same run):")
+    print_table(["ratio", "measured", "target", "met"], [
+        ["rmq / Arrow ceiling (Spark rows/s)", f"{ratio_spark:.2f}", f">= {SPARK_TARGET}",
+         "yes" if ratio_spark >= SPARK_TARGET else "NO"],
+        ["Store.iter_batches / pure Python", f"{ratio_pure:.1f}", f">= {PURE_PYTHON_TARGET:.0f}",
+         "yes" if ratio_pure >= PURE_PYTHON_TARGET else "NO"],
+    ])
+
+
+if __name__ == "__main__":
+    main()

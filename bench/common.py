@@ -1,0 +1,348 @@
+"""Shared helpers of the end-to-end benchmarks (bench_spark, bench_streaming, bench_planning,
+plot_throughput): bench stores written once and reused, page-cache warming, best-of timing, the
+Spark session every benchmark uses, the machine description and table printing.
+
+A bench store lives under ``--workdir`` (default ``/tmp/rmq_bench``) in a folder named after its
+shape; ``bench_store.json`` is written last, so a folder without it (an interrupted run) is
+rebuilt rather than reused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+BENCH_DIR = Path(__file__).resolve().parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+
+DEFAULT_WORKDIR = "/tmp/rmq_bench"
+TOPIC = "BenchTopic"
+TAGS = ("TagA", "TagB", "TagC", "TagD")
+MANIFEST = "bench_store.json"
+
+#: Spark settings of every benchmark session (printed with the results). They are what a user
+#: would set for a local job: Arrow on, a driver heap large enough for 64 MiB Arrow batches, no UI.
+SPARK_CONF = {
+    "spark.driver.memory": "4g",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.streaming.stopTimeout": "30s",
+}
+
+
+# ------------------------------------------------------------------------------------ stores
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Shape of a bench store: ``messages`` bodies of ``body_size`` random bytes over ``queues``
+    queues of one topic, round robin; every message has a tag (4 values) and one key."""
+
+    messages: int
+    body_size: int = 1024
+    queues: int = 8
+    commitlog_file_size: int = 256 << 20
+    keys: bool = True
+    cq_units_per_file: int | None = None      # None: the broker default (300,000)
+
+    @property
+    def name(self) -> str:
+        return (f"store_{self.messages}x{self.body_size}B_{self.queues}q"
+                f"{'' if self.keys else '_nokeys'}_cl{self.commitlog_file_size >> 20}M"
+                f"{'' if self.cq_units_per_file is None else f'_cq{self.cq_units_per_file}'}")
+
+
+def ensure_store(workdir: str | os.PathLike, spec: StoreSpec, *, quiet: bool = False) -> Path:
+    """The store of ``spec`` under ``workdir``, written with :class:`StoreWriter` unless a
+    complete one is already there."""
+    root = Path(workdir) / spec.name
+    manifest = root / MANIFEST
+    if manifest.exists() and json.loads(manifest.read_text()).get("spec") == asdict(spec):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    from rmq_source.writer import StoreWriter
+
+    if not quiet:
+        print(f"writing {spec.messages:,} messages of {spec.body_size} B to {root} ...", flush=True)
+    t0 = time.perf_counter()
+    pool = [os.urandom(spec.body_size) for _ in range(64)]   # distinct bodies, cheap to produce
+    with StoreWriter(root, commitlog_file_size=spec.commitlog_file_size,
+                     cq_units_per_file=spec.cq_units_per_file) as w:
+        w.create_topic(TOPIC, spec.queues)
+        append = w.append
+        if spec.keys:
+            for i in range(spec.messages):
+                append(TOPIC, pool[i & 63], tags=TAGS[i & 3], keys=[f"order-{i}"])
+        else:
+            for i in range(spec.messages):
+                append(TOPIC, pool[i & 63], tags=TAGS[i & 3])
+        w.flush()
+    elapsed = time.perf_counter() - t0
+    manifest.write_text(json.dumps({"spec": asdict(spec), "write_seconds": round(elapsed, 1)}))
+    if not quiet:
+        print(f"  written in {elapsed:.1f} s ({spec.messages / elapsed:,.0f} msgs/s)", flush=True)
+    return root
+
+
+def warm_page_cache(paths: Iterable[str | os.PathLike]) -> int:
+    """Read every file under ``paths`` once (1 MiB reads, sparse holes skipped); returns bytes."""
+    total = 0
+    for base in paths:
+        for dirpath, _, files in os.walk(base):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    pos = 0
+                    while pos < size:
+                        try:
+                            pos = os.lseek(fd, pos, os.SEEK_DATA)
+                        except OSError:   # no data after pos (ENXIO)
+                            break
+                        hole = os.lseek(fd, pos, os.SEEK_HOLE)
+                        while pos < hole:
+                            chunk = os.pread(fd, min(1 << 20, hole - pos), pos)
+                            if not chunk:
+                                break
+                            pos += len(chunk)
+                            total += len(chunk)
+                finally:
+                    os.close(fd)
+    return total
+
+
+def store_bytes(root: str | os.PathLike) -> tuple[int, int]:
+    """(messages, CommitLog record bytes) of every queue of the bench topic, from the CQ units."""
+    from rmq_source.store import Store
+
+    with Store(root) as store:
+        msgs = nbytes = 0
+        for q in store.queues([TOPIC]):
+            msgs += q.max_offset - q.min_offset
+            nbytes += store.range_bytes(TOPIC, q.queue_id, q.min_offset, q.max_offset)
+    return msgs, nbytes
+
+
+# ------------------------------------------------------------------------------------ timing
+
+def best_of(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
+    """Run ``fn`` ``repeat`` times; (best seconds, all seconds)."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), times
+
+
+def interleaved_best(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Run every case once per round, ``repeat`` rounds (A B A B ...), so background load on a
+    shared machine hits every case alike; {name: seconds of each round}."""
+    out: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeat):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            out[name].append(time.perf_counter() - t0)
+    return out
+
+
+# ------------------------------------------------------------------------------------ Spark
+
+def spark_session(master: str = "local[2]", app: str = "rmq_source-bench", extra: dict | None = None):
+    """A local session with :data:`SPARK_CONF` (plus ``extra``) and the rmq source registered."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    # Python workers import rmq_source and the bench modules from the checkout.
+    path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH")) if p)
+    os.environ["PYTHONPATH"] = path
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app)
+    for key, value in {**SPARK_CONF, **(extra or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from rmq_source import RocketMQDataSource
+
+    spark.dataSource.register(RocketMQDataSource)
+    return spark
+
+
+# ------------------------------------------------------------------------------------ output
+
+def _first_line(cmd: Sequence[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def machine_info() -> dict[str, str]:
+    """What the figures were measured on."""
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / (1 << 20):.1f} GiB"
+                break
+    except OSError:
+        pass
+    import pyarrow
+
+    try:
+        import pyspark
+        spark_version = pyspark.__version__
+    except ImportError:
+        spark_version = "not installed"
+    return {
+        "nproc": str(os.cpu_count()),
+        "memory": mem,
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "pyspark": spark_version,
+        "pyarrow": pyarrow.__version__,
+        "java": _first_line(["java", "-version"]),
+        "load average (1 min) at start": f"{os.getloadavg()[0]:.2f}",
+    }
+
+
+def print_machine(extra_conf: dict | None = None, spark: bool = True) -> None:
+    print("machine:")
+    for key, value in machine_info().items():
+        print(f"  {key:32s} {value}")
+    if spark:
+        print("spark settings:")
+        for key, value in {**SPARK_CONF, **(extra_conf or {})}.items():
+            print(f"  {key} = {value}")
+    print(flush=True)
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+    """A plain Markdown table (pastes straight into RESULTS.md)."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    print(flush=True)
+
+
+def fmt_rate(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} M"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f} k"
+    return f"{value:.0f}"
+
+
+# ------------------------------------------------------------------------------------ ceiling
+
+def ensure_ceiling_files(workdir: str | os.PathLike, store_root: Path, *,
+                         batch_rows: int = 65536, batch_bytes: int = 64 << 20,
+                         quiet: bool = False) -> Path:
+    """Arrow IPC files holding exactly the rows ``spark.read.format("rmq")`` returns for the bench
+    topic of ``store_root``: one file per queue (one per rmq input partition), in batches cut by
+    :meth:`Store.iter_batches` with the source's default batchRows/batchBytes, so the ceiling
+    source sends the same batches over the same number of partitions. Written once, reused."""
+    import pyarrow as pa
+    from rmq_source.schema import ARROW_SCHEMA
+    from rmq_source.store import Store
+
+    out = Path(workdir) / f"ceiling_{store_root.name}_{batch_rows}r_{batch_bytes}b"
+    manifest = out / "ceiling.json"
+    if manifest.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    if not quiet:
+        print(f"writing the Arrow ceiling files to {out} ...", flush=True)
+    rows = 0
+    with Store(store_root) as store:
+        for q in store.queues([TOPIC]):
+            if q.max_offset <= q.min_offset:
+                continue
+            path = out / f"part-{q.queue_id:05d}.arrow"
+            with pa.OSFile(str(path), "wb") as sink, \
+                    pa.ipc.new_file(sink, ARROW_SCHEMA) as w:
+                for batch in store.iter_batches(TOPIC, q.queue_id, q.min_offset, q.max_offset,
+                                                batch_rows=batch_rows, batch_bytes=batch_bytes):
+                    w.write_batch(batch)
+                    rows += batch.num_rows
+    manifest.write_text(json.dumps({"rows": rows, "store": str(store_root)}))
+    return out
+
+
+def _ceiling_source_class():
+    """The trivial Python data source ``format("arrow_ceiling")``: its reader yields the
+    pre-built batches of one Arrow IPC file per partition, memory-mapped (zero copy), in the rmq
+    row schema. Spark's cost of moving these batches from a Python worker into the JVM is the
+    transport ceiling of any Python data source."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from rmq_source.schema import SPARK_DDL
+
+    class _FilePartition(InputPartition):
+        def __init__(self, path: str):
+            super().__init__(path)
+            self.path = path
+
+    class _CeilingReader(DataSourceReader):
+        def __init__(self, folder: str):
+            self.folder = folder
+
+        def partitions(self):
+            return [_FilePartition(os.path.join(self.folder, n))
+                    for n in sorted(os.listdir(self.folder)) if n.endswith(".arrow")]
+
+        def read(self, partition):
+            import pyarrow as pa
+            # Not closed explicitly: the last batch may still be in use when the generator ends.
+            reader = pa.ipc.open_file(pa.memory_map(partition.path))
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+    class ArrowCeilingDataSource(DataSource):
+        @classmethod
+        def name(cls):
+            return "arrow_ceiling"
+
+        def schema(self):
+            return SPARK_DDL
+
+        def reader(self, schema):
+            return _CeilingReader(self.options["path"])
+
+    return ArrowCeilingDataSource
+
+
+def register_ceiling_source(spark) -> None:
+    spark.dataSource.register(_ceiling_source_class())

@@ -1,0 +1,55 @@
+"""Shared by the example scripts: a local Spark session and a sample store to read."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Spark's Python workers must run this interpreter (the one with rmq_source installed).
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def local_spark(app: str):
+    """A local[2] Spark session with the rmq data source registered."""
+    from pyspark.sql import SparkSession
+    from rmq_source import RocketMQDataSource
+
+    spark = (SparkSession.builder.master("local[2]").appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(RocketMQDataSource)
+    return spark
+
+
+def generate(store: Path, *, topic: str, queues: int, messages: int, body_size: int = 512,
+             tags: str = "TagA,TagB,TagC", extra: list[str] | None = None) -> None:
+    """Append sample messages with the ``rmq-store generate`` command (progress bar on stderr)."""
+    cmd = [sys.executable, "-m", "rmq_source", "generate", str(store), "--topic", topic,
+           "--queues", str(queues), "--messages", str(messages), "--body-size", str(body_size),
+           "--tags", tags, "--commitlog-file-size", str(64 << 20), *(extra or [])]
+    subprocess.run(cmd, check=True)
+
+
+def table(rows: list[dict], title: str | None = None) -> str:
+    """A small aligned text table of dict rows (same keys), for people to read."""
+    if title:
+        print(f"\n== {title}")
+    if not rows:
+        print("(no rows)")
+        return ""
+    cols = list(rows[0])
+    cells = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) if v.lstrip("-").isdigit() else v.ljust(w)
+                        for v, w in zip(row, widths)) for row in cells]
+    text = "\n".join(lines)
+    print(text)
+    return text

@@ -1,0 +1,1 @@
+"""Scripts the fault tests run as separate processes (writers, streaming queries, probes)."""

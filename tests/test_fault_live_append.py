@@ -1,0 +1,189 @@
+"""A store read while another process appends to it (files rolling fast), with and without
+retention deleting the oldest files at the same time.
+
+A writer subprocess (fault_helpers/append_writer.py) appends as fast as a steady rate allows into
+tiny mapped files (64 KiB CommitLog files, 64-unit ConsumeQueue files), mixing single sends, batch
+sends and compressed bodies. Meanwhile this process reads ``[min, max + 50)`` of every queue over
+and over, alternately through the public :class:`Store` API and through the C scanner directly
+(:mod:`rmq_source.native`, files mapped fresh each time). Every row must be exactly the message the
+writer put at that queue offset (the payload is a function of the offset, so a partial or stale
+record cannot pass), offsets must be contiguous, and no read may fail. After the writer exits, every
+row seen is compared with the writer's own AppendResults log (commitLogOffset, storeSize, msgId).
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+import traceback
+import zlib
+from pathlib import Path
+
+import pytest
+
+from fault_helpers import procs
+from fault_helpers.payload import check_row
+from rmq_source import native
+from rmq_source.store import Store
+
+TOPIC = "FaultTopic"
+CL_SIZE = 64 * 1024
+CQ_UNITS = 64
+
+
+class Seen:
+    """Rows observed during the run, and problems found (reported all together at the end)."""
+
+    def __init__(self):
+        self.rows: dict[tuple[int, int], tuple[int, int, str]] = {}
+        self.problems: list[str] = []
+        self.rows_read = 0
+        self.losses = 0
+
+    def add(self, row: dict, how: str) -> None:
+        self.rows_read += 1
+        bad = check_row(TOPIC, row)
+        if bad:
+            self.problems.append(f"{how}: {bad}")
+        key = (row["queueId"], row["queueOffset"])
+        value = (row["commitLogOffset"], row["storeSize"], row["msgId"])
+        if self.rows.setdefault(key, value) != value:
+            self.problems.append(f"{how}: {key} read as {value}, earlier as {self.rows[key]}")
+
+
+def _check_contiguous(offsets: list[int], start: int, jumps: dict[int, int], how: str, seen: Seen):
+    """Offsets must run start, start+1, ... except where a data-loss callback moved the start."""
+    expect = start
+    for off in offsets:
+        expect = jumps.get(expect, expect)
+        if off != expect:
+            seen.problems.append(f"{how}: offset {off} where {expect} was expected")
+            return
+        expect += 1
+
+
+def _read_with_store(store: Store, seen: Seen, rng: random.Random) -> None:
+    for info in store.queues([TOPIC]):
+        jumps: dict[int, int] = {}
+        end = info.max_offset + 50   # past the edge: only complete units may come back
+        batches = store.iter_batches(TOPIC, info.queue_id, info.min_offset, end,
+                                     batch_rows=rng.choice((1, 7, 64, 5000)),
+                                     on_data_loss=lambda lost, ok: jumps.__setitem__(lost, ok))
+        offsets = []
+        for batch in batches:
+            for row in batch.to_pylist():
+                seen.add(row, "Store")
+                offsets.append(row["queueOffset"])
+        seen.losses += len(jumps)
+        _check_contiguous(offsets, info.min_offset, jumps, f"Store {TOPIC}/{info.queue_id}", seen)
+
+
+def _map_folder(folder: Path) -> list[native.Segment]:
+    names = sorted(n for n in os.listdir(folder) if len(n) == 20 and n.isdigit())
+    return [native.map_segment(str(folder / n), int(n)) for n in names]
+
+
+def _read_with_native(root: Path, seen: Seen, valid_ends: list[int]) -> None:
+    """The C scanner on freshly mapped files. As the contract of scan_queue requires, units are
+    read only up to the ConsumeQueue end seen *before* the CommitLog is listed, so every unit read
+    points into a mapped CommitLog file."""
+    qroot = root / "consumequeue" / TOPIC
+    queues = {}
+    for qname in sorted(os.listdir(qroot)):
+        cq = _map_folder(qroot / qname)
+        if cq:
+            queues[qname] = (cq, cq[-1].file_start // 20 + native.cq_valid_units(cq[-1]))
+    cl = native.CommitLog(_map_folder(root / "commitlog"), CL_SIZE)
+    end = cl.valid_end(verify_crc=bool(len(valid_ends) % 2))
+    if valid_ends and end < valid_ends[-1]:
+        seen.problems.append(f"valid_end went back from {valid_ends[-1]} to {end}")
+    valid_ends.append(end)
+    for qname, (cq, stop) in queues.items():
+        pos = cq[0].file_start // 20 + native.cq_first_unit_at_or_above(cq[0], cl.min_offset)
+        first = pos
+        offsets = []
+        while pos < stop:
+            res = native.scan_queue(cl, cq, CQ_UNITS * 20, pos, stop, max_rows=97, verify_crc=True)
+            for row in res.batch.to_pylist():
+                if row["sysFlag"] & 1:
+                    row["body"] = zlib.decompress(row["body"])
+                seen.add(row, "native")
+                offsets.append(row["queueOffset"])
+            if res.status != "FULL":
+                if res.status != "END":
+                    seen.problems.append(f"native scan of {qname} [{pos}, {stop}) ended with "
+                                         f"{res.status} at {res.next_offset}")
+                break
+            pos = res.next_offset
+        if offsets and offsets[-1] != stop - 1:
+            seen.problems.append(f"native {TOPIC}/{qname}: last row {offsets[-1]}, max was {stop}")
+        _check_contiguous(offsets, first, {}, f"native {TOPIC}/{qname}", seen)
+
+
+def _record_ends(log: list[dict]) -> set[int]:
+    ends = {m["phy"] + m["size"] for m in log if "phy" in m}
+    ends.update(m["phy"] - m["phy"] % CL_SIZE for m in log if "phy" in m)   # empty new file
+    ends.add(0)
+    return ends
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("retention", [False, True], ids=["append-roll", "append-roll-retention"])
+def test_reads_while_another_process_appends(tmp_path, retention):
+    root, log_path = tmp_path / "store", tmp_path / "appends.jsonl"
+    args = ["--root", str(root), "--log", str(log_path), "--ready", str(tmp_path / "ready"),
+            "--queues", "4", "--rate", "600", "--duration", "6",
+            "--commitlog-file-size", str(CL_SIZE), "--cq-units", str(CQ_UNITS)]
+    if retention:
+        args += ["--retain-files", "3"]
+    writer = procs.start("append_writer.py", args, tmp_path, "writer")
+    seen, valid_ends = Seen(), []
+    rng = random.Random(1234)
+    iterations = {"store": 0, "native": 0}
+    try:
+        procs.wait_for(lambda: (tmp_path / "ready").exists(), 60, "writer's first append", writer)
+        store = Store(root)
+        i = 0
+        while writer.poll() is None:
+            i += 1
+            try:
+                if i % 2:
+                    if i % 5 == 1:
+                        store = Store(root)   # a fresh reader infers sizes from scratch
+                    _read_with_store(store, seen, rng)
+                    iterations["store"] += 1
+                elif not retention:   # our own listing would race with deletion, not the product's
+                    _read_with_native(root, seen, valid_ends)
+                    iterations["native"] += 1
+            except Exception:  # noqa: BLE001 - every failure is collected and reported below
+                seen.problems.append(f"iteration {i}: " + traceback.format_exc(limit=6))
+            if len(seen.problems) > 20:
+                break
+    finally:
+        rc = procs.stop(writer)
+    assert rc == 0, procs.tail(tmp_path, "writer")
+    assert not seen.problems, "\n".join(seen.problems[:20])
+
+    log = procs.read_jsonl(log_path)
+    by_key = {(m["q"], m["o"]): (m["phy"], m["size"], m["id"]) for m in log if "q" in m}
+    assert iterations["store"] >= 10 and seen.rows_read > 1000, (iterations, seen.rows_read)
+    if retention:
+        assert any("deleted" in m for m in log), "the writer never deleted a file"
+    else:
+        assert iterations["native"] >= 10, iterations
+    wrong = {k: (v, by_key.get(k)) for k, v in seen.rows.items() if by_key.get(k) != v}
+    assert not wrong, f"rows that differ from the writer's AppendResults: {list(wrong.items())[:5]}"
+    ends = _record_ends(log)
+    assert all(e in ends for e in valid_ends), [e for e in valid_ends if e not in ends][:5]
+
+    # After the writer is gone the store reads back exactly as logged, from each queue's min.
+    with Store(root) as store:
+        for info in store.queues([TOPIC]):
+            logged = sorted(o for (q, o) in by_key if q == info.queue_id)
+            assert info.max_offset == logged[-1] + 1
+            got = store.read(TOPIC, info.queue_id, info.min_offset, info.max_offset)
+            assert got.column("queueOffset").to_pylist() == logged[logged.index(info.min_offset):]
+            for row in got.to_pylist():
+                key = (row["queueId"], row["queueOffset"])
+                assert (row["commitLogOffset"], row["storeSize"], row["msgId"]) == by_key[key]
+                assert check_row(TOPIC, row) is None
