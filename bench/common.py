@@ -306,29 +306,34 @@ def _ceiling_source_class():
     """The trivial Python data source ``format("arrow_ceiling")``: its reader yields the
     pre-built batches of one Arrow IPC file per partition, memory-mapped (zero copy), in the rmq
     row schema. Spark's cost of moving these batches from a Python worker into the JVM is the
-    transport ceiling of any Python data source."""
+    transport ceiling of any Python data source. Options: ``path`` (folder of the files) and
+    ``numPartitions`` (default one partition per file; files are dealt round robin)."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
     from rmq_source.schema import SPARK_DDL
 
     class _FilePartition(InputPartition):
-        def __init__(self, path: str):
-            super().__init__(path)
-            self.path = path
+        def __init__(self, paths: list[str]):
+            super().__init__(paths)
+            self.paths = paths
 
     class _CeilingReader(DataSourceReader):
-        def __init__(self, folder: str):
+        def __init__(self, folder: str, partitions: int | None):
             self.folder = folder
+            self.count = partitions
 
         def partitions(self):
-            return [_FilePartition(os.path.join(self.folder, n))
-                    for n in sorted(os.listdir(self.folder)) if n.endswith(".arrow")]
+            files = [os.path.join(self.folder, n) for n in sorted(os.listdir(self.folder))
+                     if n.endswith(".arrow")]
+            n = self.count or len(files)
+            return [_FilePartition(files[i::n]) for i in range(n) if files[i::n]]
 
         def read(self, partition):
             import pyarrow as pa
-            # Not closed explicitly: the last batch may still be in use when the generator ends.
-            reader = pa.ipc.open_file(pa.memory_map(partition.path))
-            for i in range(reader.num_record_batches):
-                yield reader.get_batch(i)
+            for path in partition.paths:
+                # Not closed explicitly: the last batch may still be in use after the loop.
+                reader = pa.ipc.open_file(pa.memory_map(path))
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
 
     class ArrowCeilingDataSource(DataSource):
         @classmethod
@@ -339,7 +344,8 @@ def _ceiling_source_class():
             return SPARK_DDL
 
         def reader(self, schema):
-            return _CeilingReader(self.options["path"])
+            parts = self.options.get("numPartitions")
+            return _CeilingReader(self.options["path"], int(parts) if parts else None)
 
     return ArrowCeilingDataSource
 

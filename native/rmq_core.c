@@ -395,7 +395,25 @@ static inline int32_t body_crc(const uint8_t *b, int32_t n) {
 
 /* Index of the first invalid UTF-8 byte, or -1 when valid (strict: no overlongs, surrogates or
  * code points above U+10FFFF). */
+/* True when s[0..n) is all ASCII (the common case), word at a time. */
+static inline int all_ascii(const uint8_t *s, int64_t n) {
+    uint64_t acc = 0, v;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&v, s + i, 8);
+        acc |= v;
+    }
+    if (n >= 8) {
+        memcpy(&v, s + n - 8, 8);       /* the tail, overlapping the last word */
+        acc |= v;
+    } else {
+        for (; i < n; i++) acc |= s[i];
+    }
+    return !(acc & 0x8080808080808080ull);
+}
+
 static int64_t utf8_invalid_at(const uint8_t *s, int64_t n) {
+    if (all_ascii(s, n)) return -1;
     int64_t i = 0;
     while (i < n) {
         /* ASCII runs 16 bytes at a time */
@@ -789,6 +807,17 @@ fail:
 /* Row emission                                                                                */
 
 static const char HEXU[] = "0123456789ABCDEF";
+/* "00" .. "FF": two uppercase hex digits per byte value */
+static const char HEX_PAIRS[513] =
+    "000102030405060708090A0B0C0D0E0F101112131415161718191A1B1C1D1E1F"
+    "202122232425262728292A2B2C2D2E2F303132333435363738393A3B3C3D3E3F"
+    "404142434445464748494A4B4C4D4E4F505152535455565758595A5B5C5D5E5F"
+    "606162636465666768696A6B6C6D6E6F707172737475767778797A7B7C7D7E7F"
+    "808182838485868788898A8B8C8D8E8F909192939495969798999A9B9C9D9E9F"
+    "A0A1A2A3A4A5A6A7A8A9AAABACADAEAFB0B1B2B3B4B5B6B7B8B9BABBBCBDBEBF"
+    "C0C1C2C3C4C5C6C7C8C9CACBCCCDCECFD0D1D2D3D4D5D6D7D8D9DADBDCDDDEDF"
+    "E0E1E2E3E4E5E6E7E8E9EAEBECEDEEEFF0F1F2F3F4F5F6F7F8F9FAFBFCFDFEFF";
+
 static const char HEXL[] = "0123456789abcdef";
 
 static inline char *put_u32dec(char *o, uint32_t v) {
@@ -855,6 +884,7 @@ typedef struct host_cache {
     int len;
     uint8_t key[20];
     char text[64];
+    char hex[40];         /* uppercase hex of the host field (the msgId prefix) */
 } host_cache;
 
 /* format_host with a one-entry cache of the last host field seen in this column. */
@@ -863,6 +893,10 @@ static inline int format_host_cached(host_cache *c, char *out, const uint8_t *h,
         c->len = format_host(c->text, h, width);
         c->width = width;
         memcpy(c->key, h, (size_t)width);
+        for (int i = 0; i < width; i++) {
+            c->hex[2 * i] = HEXU[h[i] >> 4];
+            c->hex[2 * i + 1] = HEXU[h[i] & 15];
+        }
     }
     memcpy(out, c->text, (size_t)c->len);
     return c->len;
@@ -888,9 +922,31 @@ static inline void put_off(rmq_buf *off, int64_t idx, int64_t value) {
     memcpy(off->data + idx * 4, &v, 4);
 }
 
+/* memcpy for the short strings of a row (names, values, tags): overlapping word moves instead
+ * of a libc call; writes exactly n bytes. */
+static inline void copy_short(uint8_t *d, const uint8_t *s, int64_t n) {
+    if (n >= 8 && n <= 16) {
+        uint64_t a, b;
+        memcpy(&a, s, 8);
+        memcpy(&b, s + n - 8, 8);
+        memcpy(d, &a, 8);
+        memcpy(d + n - 8, &b, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t a, b;
+        memcpy(&a, s, 4);
+        memcpy(&b, s + n - 4, 4);
+        memcpy(d, &a, 4);
+        memcpy(d + n - 4, &b, 4);
+    } else if (n > 16) {
+        memcpy(d, s, (size_t)n);
+    } else {
+        for (int64_t i = 0; i < n; i++) d[i] = s[i];
+    }
+}
+
 static inline void append_str(rmq_buf *off, rmq_buf *data, int64_t idx, const uint8_t *s,
                               int64_t n) {
-    if (n > 0) memcpy(data->data + data->len, s, (size_t)n);
+    copy_short(data->data + data->len, s, n);
     data->len += n;
     put_off(off, idx + 1, data->len);
 }
@@ -1154,22 +1210,6 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
 #undef PUT32
 #undef PUT64
 
-    /* msgId: hex(store host field) + hex(physical offset), uppercase (§5.1) */
-    {
-        rmq_buf *d = &B[RMQ_B_MSGID_DATA];
-        char *o = (char *)d->data + d->len;
-        for (int i = 0; i < r->sh; i++) {
-            *o++ = HEXU[r->store_host[i] >> 4];
-            *o++ = HEXU[r->store_host[i] & 15];
-        }
-        const uint8_t *phy_bytes = r->p + 28;
-        for (int i = 0; i < 8; i++) {
-            *o++ = HEXU[phy_bytes[i] >> 4];
-            *o++ = HEXU[phy_bytes[i] & 15];
-        }
-        d->len = (uint8_t *)o - d->data;
-        put_off(&B[RMQ_B_MSGID_OFF], row + 1, d->len);
-    }
     {
         rmq_buf *d = &B[RMQ_B_BORNHOST_DATA];
         d->len += format_host_cached(&sc->born, (char *)d->data + d->len, r->born_host, r->bh);
@@ -1177,6 +1217,18 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
         d = &B[RMQ_B_STOREHOST_DATA];
         d->len += format_host_cached(&sc->store, (char *)d->data + d->len, r->store_host, r->sh);
         put_off(&B[RMQ_B_STOREHOST_OFF], row + 1, d->len);
+    }
+    /* msgId: hex(store host field) + hex(physical offset), uppercase (§5.1); the host part comes
+     * from the cache just refreshed above */
+    {
+        rmq_buf *d = &B[RMQ_B_MSGID_DATA];
+        char *o = (char *)d->data + d->len;
+        memcpy(o, sc->store.hex, (size_t)(2 * r->sh));
+        o += 2 * r->sh;
+        const uint8_t *phy_bytes = r->p + 28;
+        for (int i = 0; i < 8; i++, o += 2) memcpy(o, HEX_PAIRS + 2 * phy_bytes[i], 2);
+        d->len = (uint8_t *)o - d->data;
+        put_off(&B[RMQ_B_MSGID_OFF], row + 1, d->len);
     }
     append_str(&B[RMQ_B_BODY_OFF], &B[RMQ_B_BODY_DATA], row, r->body, r->body_len);
     if (uniq) {

@@ -193,11 +193,20 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _parses(raw: bytes) -> bool:
+    try:
+        parse_fastjson(raw.decode("utf-8"))
+        return True
+    except ValueError:       # includes UnicodeDecodeError and JSONDecodeError
+        return False
+
+
 def write_config_atomic(path: str | os.PathLike, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) so that a reader never sees a torn or missing file.
 
     Steps: write a uniquely named temp file in the same directory and fsync it; copy the current
-    content (if any) to ``<file>.bak`` the same way (temp + rename, so the .bak is never torn either);
+    content (if any, and only if it parses) to ``<file>.bak`` the same way (temp + rename, so the
+    .bak is never torn either);
     ``os.replace`` the temp file over ``path``; fsync the directory. Creates the directory if needed.
     """
     path = Path(path)
@@ -214,7 +223,7 @@ def write_config_atomic(path: str | os.PathLike, text: str) -> None:
             previous = path.read_bytes()
         except FileNotFoundError:
             previous = None
-        if previous:
+        if previous and _parses(previous):   # never replace a good .bak with a torn file
             _write_synced(bak_tmp, previous)
             os.replace(bak_tmp, path.with_name(path.name + ".bak"))
         os.replace(tmp, path)

@@ -10,7 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
 from .errors import RmqOptionError
-from .options import parse_options
+from .options import default_client_id, parse_options
 from .partition_reader import read_partition
 from .schema import COLUMN_NAMES, SPARK_DDL
 from .stream_reader import RmqStreamReader
@@ -43,6 +43,15 @@ class RocketMQDataSource(DataSource):
     Register with ``spark.dataSource.register(RocketMQDataSource)`` and use
     ``spark.read.format("rmq")`` or ``spark.readStream.format("rmq")``; see docs/options.md.
     """
+
+    def __init__(self, options):
+        super().__init__(options)
+        # One client id per query run, shared by every process that plans or reads it (the data
+        # source object is pickled to them); parsing options in each process would mint several.
+        if not any(k.lower() == "clientid" for k in self.options):
+            options = dict(self.options)
+            options["clientId"] = default_client_id()
+            self.options = options
 
     @classmethod
     def name(cls) -> str:

@@ -402,7 +402,8 @@ def _consume_timestamp_ms(name: str, value: str) -> int:
     return int(time.mktime(moment.timetuple())) * 1000
 
 
-def _default_client_id() -> str:
+def default_client_id() -> str:
+    """A client id unique to this process and call: ``rmq_source-<host>-<pid>-<random>``."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
     return f"rmq_source-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
@@ -749,7 +750,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         if not _CLIENT_ID_RE.fullmatch(client_id) or len(client_id) > 200:
             raise _fail("clientId", client_id, "expected 1..200 characters from [A-Za-z0-9_.:@#%|-]")
     else:
-        client_id = _default_client_id()
+        client_id = default_client_id()
 
     # Reading
     verify_crc = _bool("verifyCrc", opts["verifyCrc"]) if "verifyCrc" in opts else False

@@ -191,9 +191,9 @@ def next_counter_hex() -> str:
 
 def validate_property(name: object, value: object) -> None:
     """Reject what the broker's property string cannot carry back unchanged."""
-    if not isinstance(name, str) or not name:
+    if type(name) is not str and not isinstance(name, str) or not name:
         raise RmqOptionError(f"property name {name!r} must be a non-empty string")
-    if not isinstance(value, str) or not value:
+    if type(value) is not str and not isinstance(value, str) or not value:
         raise RmqOptionError(f"property {name!r}: value {value!r} must be a non-empty string "
                              "(empty values are dropped by every reader)")
     for text in (name, value):

@@ -1,16 +1,18 @@
 """The streaming reader (``spark.readStream.format("rmq")``).
 
 Offsets are ``{"topic": {"broker": {"queueId": next_offset}}}`` (see :mod:`rmq_source.offsets`).
-A micro-batch reads ``[start, end)`` of every queue. The consumer group's progress is written only
-for batches Spark has committed, so a failed or retried batch never moves the group:
+A micro-batch reads ``[start, end)`` of the queues it plans to read.
 
-* :meth:`RmqStreamReader.commit` (Spark calls it for batch N-1 while it plans batch N);
-* :meth:`RmqStreamReader.latestOffset`: Spark plans a new batch only after the batch ending at
-  ``start`` is in the checkpoint's commit log, so ``start`` is committed progress. This is what
-  records the final batch of a ``Trigger.AvailableNow`` run, for which Spark calls no ``commit``.
+Group progress (with ``consumerGroup``) is written only for batches Spark has committed, so a failed
+or retried batch never moves the group. Spark plans a new batch only after the batch ending at
+``start`` is in the checkpoint's commit log, so :meth:`RmqStreamReader.latestOffset` records
+``start`` as the group's progress (for the queues that batch read). This also records the last batch
+of a ``Trigger.AvailableNow`` run. After a processing-time query stops, the group may trail the
+checkpoint by its last batch; the same query resumes from its checkpoint regardless.
 
-After a processing-time query stops, the group may trail the checkpoint by the last batch; the same
-query resumes from its checkpoint regardless.
+With ``consumerGroup`` the query is a member of its group (:mod:`rmq_source.group_session`): it reads
+only the queues allocated to it among the group's live queries, and with ``orderly=true`` only those
+whose lock it holds.
 """
 from __future__ import annotations
 
@@ -20,13 +22,22 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
-from .allocation import MessageQueue
+from .allocation import AllocateMessageQueueAveragely, MessageQueue
 from .catalog import StoreCatalog
+from .errors import RmqLockError
 from .offsets import from_json_dict, to_json_dict
 from .partition_reader import build_partitions, read_partition
 from .planner import QueueRange, plan_tasks, share_limit, unallocated
 from .positions import check_data_loss, starting_offsets
+from .group_session import GroupSession
+from .partition_reader import LockSpec
+from .offset_store import ReadOffsetType
 from .query import discover_queues, open_group_store, strategy_of
+
+
+# Inside one query of a group, the query's queues are spread over its slots evenly; the user's
+# allocateStrategy already chose which queues the query (the group member) reads.
+_EVERY_SLOT = AllocateMessageQueueAveragely()
 
 
 class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -40,12 +51,24 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow end
         self._last_batch_at = time.monotonic()
         self._committed: dict[MessageQueue, int] | None = None
+        self._fresh = False  # set by initialOffset: the next batch is the new query's first
+        self._session: GroupSession | None = None
+
+    @property
+    def session(self) -> GroupSession | None:
+        """The query's membership in its group, joined on first use (not in every process that
+        merely instantiates the reader)."""
+        if self._session is None and self.group_store is not None:
+            self._session = GroupSession(self.opts, self.strategy, self.group_store)
+            self._session.start()
+        return self._session
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
         return sorted(set(discover_queues(self.catalog, self.opts)) | set(known))
 
     def initialOffset(self) -> dict:
+        self._fresh = True
         mqs = self._queues()
         starts = starting_offsets(self.catalog, mqs, self.opts, self.group_store)
         infos = self.catalog.infos(mqs)
@@ -71,19 +94,46 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return starts
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        self._commit_group(from_json_dict(start, what="start offset"))
-        starts = self._starts_with_new_queues(start, self._queues(from_json_dict(start)))
+        start_map = from_json_dict(start, what="start offset")
+        self._commit_previous(start_map)
+        starts = self._starts_with_new_queues(start, self._queues(start_map))
         mqs = sorted(starts)
         latest = self._latest(mqs)
-        skipped = unallocated(mqs, self.strategy, self.opts.consumer_group or "",
-                              self.opts.num_partitions, self.opts.client_id)
-        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in mqs if mq not in skipped}
+        if self.session is not None:
+            read, moved = self.session.choose(mqs, starts, fresh=self._fresh)
+        else:
+            read = set(mqs) - unallocated(mqs, self.strategy, "", self.opts.num_partitions,
+                                          self.opts.client_id)
+            moved = {}
+        self._fresh = False
+        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
         if not isinstance(limit, ReadAllAvailable):
             backlog = self._admit(backlog, starts)
-        end = {mq: starts[mq] + backlog.get(mq, 0) for mq in mqs}
+        end = {mq: moved.get(mq, starts[mq] + backlog.get(mq, 0)) for mq in mqs}
         if any(backlog.values()):
             self._last_batch_at = time.monotonic()
-        return to_json_dict(end)
+        end_json = to_json_dict(end)
+        if self.session is not None:
+            self.session.record_plan(start, end_json, read)
+            if self._target is not None and end == starts and all(
+                    latest[mq] >= self._target.get(mq, 0) for mq in read):
+                # Trigger.AvailableNow is done (Spark may not stop this process promptly): give
+                # the queues back to the group now. A later call would simply rejoin.
+                self.session.stop()
+        return end_json
+
+    def _commit_previous(self, start_map: dict[MessageQueue, int]) -> None:
+        """The batch ending at ``start`` is committed: record the group's progress for its queues."""
+        if self.session is None:
+            return
+        held = self.session.held()
+        if held is None:  # first planning of this process: a restart, or a new query
+            reads = self.session.reads_of_batch_ending_at(to_json_dict(start_map))
+            forward = {mq: o for mq, o in start_map.items() if mq in reads}
+            current = self.group_store.read_offsets(list(forward), ReadOffsetType.READ_FROM_STORE)
+            self._commit_group({mq: o for mq, o in forward.items() if o > current.get(mq, -1)})
+        else:
+            self._commit_group({mq: o for mq, o in start_map.items() if mq in held})
 
     def _admit(self, backlog: dict[MessageQueue, int], starts) -> dict[MessageQueue, int]:
         """Apply the option limits: min messages (bounded by maxTriggerDelay), max messages/bytes."""
@@ -137,6 +187,14 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict):
         ends = from_json_dict(end, what="end offset")
         starts = from_json_dict(start, what="start offset")
+        if self.session is not None:
+            planned = self.session.planned_reads(start, end)
+            if planned is None:
+                raise RmqLockError(
+                    f"consumer group {self.opts.consumer_group!r}: no plan recorded for the batch "
+                    f"{start} -> {end} in {self.session._plans_path}; the group's state folder was "
+                    "removed or is not shared by this query")
+            ends = {mq: o for mq, o in ends.items() if mq in planned}
         infos = self.catalog.infos(list(ends))
         ranges = []
         for mq, stop in sorted(ends.items()):
@@ -145,17 +203,36 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             else:  # a queue discovered in this batch starts at its min offset: nothing was lost
                 first = min(infos[mq].min_offset, stop)
             ranges.append(QueueRange(mq, first, max(first, stop)))
-        tasks = plan_tasks(ranges, self.strategy, self.opts.consumer_group or "",
+        # The group's strategy allocated queues among queries; inside the query every slot may read.
+        strategy = self.strategy if self.session is None else _EVERY_SLOT
+        tasks = plan_tasks(ranges, strategy, self.opts.consumer_group or "",
                            self.opts.num_partitions, self.opts.orderly, self.opts.min_partitions,
                            self.opts.client_id)
-        return build_partitions(tasks, self.opts, self.catalog)
+        lock = None
+        if self.session is not None and self.opts.orderly:
+            lock = LockSpec(self.session.state_dir, self.opts.consumer_group, self.opts.client_id,
+                            self.opts.client_lock_lease_ms)
+        return build_partitions(tasks, self.opts, self.catalog, lock)
 
     def read(self, partition):
         return read_partition(partition)
 
+    def __getstate__(self) -> dict:
+        # Spark pickles the reader to ship ``read`` to executors; reading needs nothing of the
+        # driver's state (threads, locks, the group session), only the partition.
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict) -> None:
+        self.opts = state["opts"]
+        self._session = None
+        self.group_store = None
+
     def commit(self, end: dict) -> None:
-        """Spark committed the batch ending at ``end``: persist the group's progress."""
-        self._commit_group(from_json_dict(end, what="committed offset"))
+        """Spark committed the batch ending at ``end``.
+
+        Nothing to do here: :meth:`latestOffset` records the progress of every committed batch
+        (it knows which queues the batch read; this call does not).
+        """
 
     def _commit_group(self, offsets: dict[MessageQueue, int]) -> None:
         if self.group_store is None or offsets == self._committed:
@@ -166,4 +243,6 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._committed = dict(offsets)
 
     def stop(self) -> None:
-        pass
+        """Clean stop: release this query's queue locks and leave the group."""
+        if self._session is not None:
+            self._session.stop()

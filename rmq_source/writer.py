@@ -17,6 +17,7 @@ writer is not thread-safe; use it from one thread.
 from __future__ import annotations
 
 import errno
+import inspect
 import fcntl
 import mmap
 import os
@@ -49,7 +50,10 @@ _CHECKPOINT = struct.Struct(">qqq")
 _I64 = struct.Struct(">q")
 
 _locked_roots: set[str] = set()   # POSIX record locks do not exclude the same process
-_ZEROS = (0, 0, 0, 0)
+_APPEND_OPTIONS = frozenset({"selector", "selector_arg", "keys", "properties", "flag",
+                             "born_timestamp", "store_timestamp", "born_host", "store_host",
+                             "compression", "reconsume_times", "uniq_key",
+                             "prepared_transaction_offset", "sys_flag_extra"})
 _CQ_PACK = rc.CQ_UNIT.pack_into
 _tuple_new = tuple.__new__
 _COUNTER = rc._COUNTER
@@ -84,7 +88,7 @@ QueueSelector = Callable[[list, Message, Any], int]
 # ------------------------------------------------------------------------------------ validation
 
 def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
         raise RmqOptionError(f"{name} must be an integer, got {value!r}")
     if not lo <= value <= hi:
         raise RmqOptionError(f"{name}={value} is out of range [{lo}, {hi}]")
@@ -796,7 +800,7 @@ class StoreWriter:
         entries["WAIT"] = "true"
         user_uniq = False
         if properties is not None:
-            if not isinstance(properties, Mapping):
+            if type(properties) is not dict and not isinstance(properties, Mapping):
                 raise RmqOptionError(f"properties must be a mapping of str to str, got "
                                      f"{type(properties).__name__}")
             for name, value in properties.items():
@@ -825,15 +829,15 @@ class StoreWriter:
         return raw, entries.get("TAGS")
 
     def append(self, topic: str, body: bytes = b"", *, queue_id: int | None = None,
-               selector: QueueSelector | None = None, selector_arg: Any = None,
-               tags: str | None = None, keys: str | Iterable[str] | None = None,
-               properties: Mapping[str, str | None] | None = None, flag: int = 0,
-               born_timestamp: int | None = None, store_timestamp: int | None = None,
-               born_host: str | None = None, store_host: str | None = None,
-               compression: str | None = None, reconsume_times: int = 0,
-               uniq_key: str | None = None, prepared_transaction_offset: int = 0,
-               sys_flag_extra: int = 0) -> AppendResult:
+               tags: str | None = None, **options: Any) -> AppendResult:
         """Append one message; returns where it went.
+
+        Full signature (shown by ``help()``; ``options`` keeps the common call cheap)::
+
+            append(topic, body=b"", *, queue_id=None, selector=None, selector_arg=None, tags=None,
+                   keys=None, properties=None, flag=0, born_timestamp=None, store_timestamp=None,
+                   born_host=None, store_host=None, compression=None, reconsume_times=0,
+                   uniq_key=None, prepared_transaction_offset=0, sys_flag_extra=0)
 
         Queue: ``queue_id``, else ``selector(queue_ids, Message, selector_arg)`` (like RocketMQ's
         ``MessageQueueSelector``), else round robin over the topic's write queues. Properties are
@@ -846,22 +850,16 @@ class StoreWriter:
         bytes). ``sys_flag_extra`` may set MULTI_TAGS (0x2) and the transaction type (0x4, 0x8, 0xC);
         PREPARED and ROLLBACK records get queue offset 0 and no ConsumeQueue unit, as in the broker.
         """
-        # Fast path for the common shape (bytes body, known topic, known tag or none, default hosts
-        # and timestamps); it writes exactly the bytes _append_general writes for the same message.
+        # Fast path for the common shape (bytes body, known topic, known tag or none, no other
+        # option); it writes exactly the bytes _append_general writes for the same message.
         t = self._fast_topics.get(topic)     # emptied by close()
         tag_info = self._tag_props.get(tags) if (tags is None or type(tags) is str) else None
-        if (t is None or tag_info is None or type(body) is not bytes or selector is not None
-                or keys is not None or properties is not None or uniq_key is not None
-                or born_host is not None or store_host is not None or compression is not None
-                or born_timestamp is not None or store_timestamp is not None
-                or (flag, reconsume_times, prepared_transaction_offset, sys_flag_extra) != _ZEROS):
-            return self._append_general(
-                topic, body, queue_id=queue_id, selector=selector, selector_arg=selector_arg,
-                tags=tags, keys=keys, properties=properties, flag=flag,
-                born_timestamp=born_timestamp, store_timestamp=store_timestamp, born_host=born_host,
-                store_host=store_host, compression=compression, reconsume_times=reconsume_times,
-                uniq_key=uniq_key, prepared_transaction_offset=prepared_transaction_offset,
-                sys_flag_extra=sys_flag_extra)
+        if options or t is None or tag_info is None or type(body) is not bytes:
+            unknown = options.keys() - _APPEND_OPTIONS
+            if unknown:
+                raise RmqOptionError(f"append() got unknown option(s) {sorted(unknown)}; valid: "
+                                     f"{sorted(_APPEND_OPTIONS)}")
+            return self._append_general(topic, body, queue_id=queue_id, tags=tags, **options)
         n = t.write_queues
         if queue_id is None:
             qid = t.round_robin % n
@@ -1213,6 +1211,14 @@ class StoreWriter:
     def __repr__(self) -> str:
         return (f"StoreWriter({str(self.root)!r}, commitlog_file_size={self.commitlog_file_size}, "
                 f"cq_units_per_file={self.cq_units_per_file})")
+
+
+def _public_append_signature() -> inspect.Signature:
+    general = inspect.signature(StoreWriter._append_general)
+    return general.replace(return_annotation=AppendResult)
+
+
+StoreWriter.append.__signature__ = _public_append_signature()
 
 
 def delete_oldest_commitlog_files(root: str | os.PathLike, count: int, **writer_options) -> list[Path]:

@@ -198,14 +198,24 @@ def test_split_on_first_at_and_string_queue_ids(tmp_path):
 
 def test_write_config_atomic_keeps_previous_version_as_bak(tmp_path):
     path = tmp_path / "config" / "consumerOffset.json"
-    write_config_atomic(path, "first")
-    assert path.read_text() == "first"
+    write_config_atomic(path, '{"v":1}')
+    assert path.read_text() == '{"v":1}'
     assert not path.with_name(path.name + ".bak").exists()
-    write_config_atomic(path, "second ü")
-    assert path.read_text(encoding="utf-8") == "second ü"
-    assert path.with_name(path.name + ".bak").read_text() == "first"
+    write_config_atomic(path, '{"v":"second ü"}')
+    assert path.read_text(encoding="utf-8") == '{"v":"second ü"}'
+    assert path.with_name(path.name + ".bak").read_text() == '{"v":1}'
     assert sorted(p.name for p in path.parent.iterdir()) == ["consumerOffset.json",
                                                             "consumerOffset.json.bak"]
+
+
+def test_torn_main_file_does_not_replace_a_good_bak(tmp_path):
+    path = tmp_path / "config" / "consumerOffset.json"
+    write_config_atomic(path, '{"v":1}')
+    write_config_atomic(path, '{"v":2}')
+    path.write_text('{"v":')                         # e.g. a 5.3.3 broker died mid-write
+    write_config_atomic(path, '{"v":3}')
+    assert path.with_name(path.name + ".bak").read_text() == '{"v":1}'
+    assert load_config_json(path) == {"v": 3}
 
 
 def test_write_config_atomic_rejects_non_text(tmp_path):

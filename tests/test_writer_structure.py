@@ -477,3 +477,16 @@ def test_append_batch_rejects(store, kwargs, match):
     with pytest.raises(RmqOptionError, match=match):
         store.append_batch("T", **kwargs)
     assert store.commitlog_end == before
+
+
+def test_unknown_append_option_is_an_option_error(store):
+    with pytest.raises(RmqOptionError, match="unknown option.*'colour'"):
+        store.append("T", b"", colour="red")
+
+
+def test_append_signature_lists_every_option():
+    import inspect
+    params = inspect.signature(StoreWriter.append).parameters
+    assert {"queue_id", "tags", "keys", "properties", "compression", "born_host", "uniq_key",
+            "sys_flag_extra", "selector"} <= set(params)
+    assert writer_module._APPEND_OPTIONS == set(params) - {"self", "topic", "body", "queue_id", "tags"}

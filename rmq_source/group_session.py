@@ -1,0 +1,213 @@
+"""One streaming query as a member of its consumer group: which queues it reads in each batch.
+
+Several streaming queries with the same ``consumerGroup`` (and the same offset store folder) form the
+group, like RocketMQ push consumers:
+
+* each query is a client (``clientId``) that heartbeats into ``<state>/<group>.members.json``; the
+  live clients are the ``cidAll`` of the allocation strategy, which gives each query its queues;
+* with ``orderly=true`` a query reads a queue only while it holds the queue's lock
+  (:mod:`rmq_source.locks`; renewed by a background thread), so no two queries read a queue at the
+  same time; a query that stops cleanly unlocks its queues and leaves, a killed one loses them when
+  its lease expires;
+* a queue moves between queries only through the group's committed progress: the old owner commits
+  the batch that ends its reading before it releases the queue (its next planning), and the new
+  owner continues from that committed offset.
+
+Spark offsets of a query still list every queue of the topic. For queues the query does not read,
+the offset follows the group's committed progress (so when the queue comes back to this query, the
+messages other queries consumed are not read again). A queue whose Spark offset differs from the
+group's progress when the query acquires it is first moved to that progress in a batch that reads
+nothing from it, then read from the next batch on.
+
+Which queues a batch reads is decided in ``latestOffset`` and recorded, before Spark records the
+batch, in ``<state>/<group>.plans.jsonl`` keyed by the batch's (start, end) offsets, so that a batch
+re-planned after a crash reads exactly the same queues.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+
+from .allocation import MessageQueue
+from .errors import RmqLockError
+from .group_membership import GroupMembership
+from .locks import ClientLockView, LockRenewer, QueueLockManager, parse_queue_key, queue_key
+from .offset_store import GroupOffsetStore, ReadOffsetType
+from .statefile import append_jsonl, file_lock, group_state_path
+
+log = logging.getLogger(__name__)
+
+_PLANS_KEEP = 500
+
+
+def plan_key(start: dict, end: dict) -> str:
+    """Stable key of a batch: a hash of its start and end offsets (canonical JSON)."""
+    text = json.dumps([start, end], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class GroupSession:
+    """Membership, allocation, locks and batch plans of one query in its group."""
+
+    def __init__(self, opts, strategy, group_store: GroupOffsetStore):
+        self.opts = opts
+        self.group = opts.consumer_group
+        self.client_id = opts.client_id
+        self.strategy = strategy
+        self.group_store = group_store
+        self.state_dir = opts.offset_store_path
+        self.orderly = opts.orderly
+        self.membership = GroupMembership(self.state_dir, self.group, self.client_id,
+                                          heartbeat_timeout_ms=opts.lock_lease_ms)
+        self.locks = QueueLockManager(self.state_dir, self.group, lease_ms=opts.lock_lease_ms)
+        self.view = ClientLockView(self.locks, self.client_id,
+                                   client_lease_ms=opts.client_lock_lease_ms)
+        self._plans_path = group_state_path(self.state_dir, self.group, "plans.jsonl")
+        self._held: set[MessageQueue] = set()   # queues read in the last planned batch
+        self._fresh_process = True              # nothing planned yet by this process
+        self._mutex = threading.Lock()
+        self._renewer: LockRenewer | None = None
+        self._stopped = False
+
+    # -- background renewal ----------------------------------------------------------------
+    def _held_now(self) -> list[MessageQueue]:
+        with self._mutex:
+            return sorted(self._held)
+
+    def _tick_membership(self, *_args) -> None:
+        self.membership.heartbeat()
+
+    def start(self) -> None:
+        """Join the group and start renewing (every ``lockRenewIntervalMs``)."""
+        self._stopped = False
+        self.membership.heartbeat()
+        if self._renewer is None:
+            def on_result(requested, granted, started):
+                self.view.record(requested, granted, started)
+                self._tick_membership()
+            self._renewer = LockRenewer(self.locks, self.client_id, self._held_now,
+                                        self.opts.lock_renew_interval_ms, acquire=False,
+                                        on_result=on_result)
+            self._renewer.start()
+
+    def stop(self) -> None:
+        """Clean stop: release the queues and leave the group."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._renewer is not None:
+            self._renewer.stop()
+            self._renewer = None
+        held = self._held_now()
+        if held and self.orderly:
+            self.view.unlock(held)
+        with self._mutex:
+            self._held = set()  # whatever we read before is the group's (committed) history now
+        self.membership.leave()
+
+    # -- planning --------------------------------------------------------------------------
+    def choose(self, mqs: list[MessageQueue], starts: dict[MessageQueue, int], fresh: bool
+               ) -> tuple[set[MessageQueue], dict[MessageQueue, int]]:
+        """Which queues this batch reads, and the Spark offsets of the queues it does not read.
+
+        ``fresh`` is true for the first batch of a new query, whose starting options win over the
+        group's progress. Returns (queues to read from their start, {queue: end offset} for the
+        others: the group's committed progress, or their start when the group has none).
+        """
+        if self._stopped:
+            self.start()
+        cid_all = self.membership.heartbeat()
+        if self.client_id not in cid_all:  # our heartbeat was just written; be defensive
+            cid_all = sorted(set(cid_all) | {self.client_id})
+        mine = set(self.strategy.allocate(self.group, self.client_id, sorted(mqs), cid_all))
+        mine &= set(mqs)
+        with self._mutex:
+            previous = set(self._held)
+        released = previous - mine
+        if released and self.orderly:
+            self.view.unlock(sorted(released))
+        granted = set(self.view.lock_all(sorted(mine))) if self.orderly else mine
+        granted = {MessageQueue(*parse_queue_key(queue_key(mq))) for mq in granted}
+        committed = self.group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
+        read: set[MessageQueue] = set()
+        moved: dict[MessageQueue, int] = {}
+        for mq in mqs:
+            g = committed.get(mq, -1)
+            continuing = mq in previous or fresh or g < 0 or g == starts[mq]
+            if mq in granted and continuing:
+                read.add(mq)
+            elif g >= 0 and (mq in granted or g > starts[mq]):
+                moved[mq] = g  # follow the group's progress without reading
+            else:
+                moved[mq] = starts[mq]
+        with self._mutex:
+            self._held = read
+            self._fresh_process = False
+        return read, moved
+
+    def record_plan(self, start: dict, end: dict, read: set[MessageQueue]) -> None:
+        """Persist which queues the batch (start, end) reads, before Spark logs the batch."""
+        rec = {"key": plan_key(start, end), "end": plan_key(end, end), "client": self.client_id,
+               "read": sorted(queue_key(mq) for mq in read)}
+        with file_lock(self._plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
+            append_jsonl(self._plans_path, [rec])
+            if os.path.getsize(self._plans_path) > 4 << 20:
+                self._compact()
+
+    def _compact(self) -> None:
+        with open(self._plans_path, encoding="utf-8") as f:
+            lines = f.readlines()[-_PLANS_KEEP:]
+        tmp = self._plans_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._plans_path)
+
+    def _plans(self):
+        try:
+            with open(self._plans_path, encoding="utf-8") as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            return
+        for line in reversed(lines):
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue  # a torn last line of a crashed writer
+
+    @staticmethod
+    def _queues_of(rec: dict) -> set[MessageQueue]:
+        return {MessageQueue(*parse_queue_key(k)) for k in rec["read"]}
+
+    def planned_reads(self, start: dict, end: dict) -> set[MessageQueue] | None:
+        """The queues recorded for batch (start, end), or None when no plan was recorded."""
+        key = plan_key(start, end)
+        for rec in self._plans():
+            if rec.get("key") == key:
+                return self._queues_of(rec)
+        return None
+
+    def reads_of_batch_ending_at(self, end: dict) -> set[MessageQueue]:
+        """After a restart: the queues the committed batch ending at ``end`` read.
+
+        Plans of this client id win; a restarted query with a generated client id finds its plan
+        among the others' by the end offsets (queues of every match are returned; committing them
+        only moves the group forward, see :meth:`held`).
+        """
+        key = plan_key(end, end)
+        found: set[MessageQueue] = set()
+        for rec in self._plans():
+            if rec.get("end") == key:
+                if rec.get("client") == self.client_id:
+                    return self._queues_of(rec)
+                found |= self._queues_of(rec)
+        return found
+
+    def held(self) -> set[MessageQueue] | None:
+        """Queues read by the last batch this session planned (None before the first)."""
+        with self._mutex:
+            return None if self._fresh_process else set(self._held)
