@@ -1104,6 +1104,25 @@ static inline int64_t skip_rejected(const uint8_t *up, int64_t count, const rmq_
     return i;
 }
 
+#define LOOKAHEAD_UNITS 1024
+
+static inline void prefetch_record(const rmq_segment *seg, int64_t pos, int64_t size) {
+    if (pos < 0 || size <= 0 || size > seg->size - pos) return;
+    const uint8_t *p = seg->base + pos;
+    int64_t head = size < 1536 ? size : 1536;
+    for (int64_t off = 0; off < head; off += 64) __builtin_prefetch(p + off, 0, 3);
+    if (size > head) { /* the properties at the tail */
+        __builtin_prefetch(p + size - 1, 0, 3);
+        __builtin_prefetch(p + size - 129, 0, 3);
+    }
+}
+
+static inline void prefetch_unit_record(const rmq_files *cl, const uint8_t *u) {
+    int64_t phy = rd_i64(u), idx;
+    rmq_segment *seg = files_seg(cl, phy, &idx);
+    if (seg) prefetch_record(seg, phy - seg->file_start, rd_i32(u + 8));
+}
+
 enum { ROW_ACCEPTED = 0, ROW_REJECTED = 1, ROW_FULL = 2 };
 
 /* After the first row: reserve every variable-size buffer for the expected row count (first row's
@@ -1327,6 +1346,7 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
     int code = RMQ_OK;
     fast_codes fc;
     fast_codes_init(&fc, a);
+    int64_t known_stop = -1; /* filtered scans: next unit where skipping stops, when known */
 
     while (n < a->end) {
         /* locate the CQ file of unit n and walk the units it holds */
@@ -1348,8 +1368,11 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         int done = 0;
         for (; n < stop; n++, up += CQ_UNIT) {
             if (a->filter) {
-                /* the hot loop of a tag-filtered scan: pass over rejected units */
-                int64_t skip = skip_rejected(up, stop - n, a, &fc);
+                /* the hot loop of a tag-filtered scan: pass over rejected units (or jump to the
+                 * stop point the look-ahead below already found) */
+                int64_t skip = known_stop > n && known_stop < stop
+                                   ? known_stop - n
+                                   : skip_rejected(up, stop - n, a, &fc);
                 n += skip;
                 up += skip * CQ_UNIT;
                 if (n == stop) break;
@@ -1386,6 +1409,18 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
                 break;
             }
             int64_t clpos = phy - clseg->file_start;
+            if (a->filter) {
+                /* Accepted records are far apart: their bytes are cold. Ask for this record's
+                 * lines now, and find and ask for the next accepted record, so that memory
+                 * latency overlaps decoding instead of stalling the header's dependent reads. */
+                prefetch_record(clseg, clpos, size);
+                if (known_stop <= n && n + 1 < stop) {
+                    int64_t limit = stop - n - 1 < LOOKAHEAD_UNITS ? stop - n - 1 : LOOKAHEAD_UNITS;
+                    int64_t k = skip_rejected(up + CQ_UNIT, limit, a, &fc);
+                    known_stop = k < limit ? n + 1 + k : -1;
+                    if (known_stop > 0) prefetch_unit_record(cl, up + (k + 1) * CQ_UNIT);
+                }
+            }
             code = parse_record(clseg, clpos, size, &r, phy, n, err);
             if (code) {
                 done = 1;

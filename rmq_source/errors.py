@@ -18,6 +18,10 @@ class RmqStoreLayoutError(RmqSourceError, FileNotFoundError):
     """A store directory, topic or queue folder is missing or not laid out as a broker lays it out."""
 
 
+class RmqStoreIOError(RmqSourceError, OSError):
+    """A store file exists but cannot be opened, inspected or mapped (permissions, I/O error)."""
+
+
 class RmqUnknownTopicError(RmqSourceError, LookupError):
     """A topic or queue that the caller named does not exist in the store."""
 

@@ -1,0 +1,106 @@
+"""Several streaming queries of one consumer group share a 16-queue topic (ordered mode, locks).
+
+Two queries start, a third joins while the writer appends, then one stops: the union of their
+sinks holds every message (exactly once while the group only grows; a stopped query's last batch
+may be read again by its successor, at-least-once, as with RocketMQ consumers), and the lock history
+shows no queue held by two live queries at once.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from rmq_source.locks import find_lock_overlaps, read_history
+from rmq_source.writer import StoreWriter
+from store_builder import append_messages, build_store
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+GROUP = "G16"
+LEASES = dict(lockLeaseMs="4000", clientLockLeaseMs="3000", lockRenewIntervalMs="1000")
+
+
+def _start(spark, store, tmp_path, name):
+    reader = spark.readStream.format("rmq")
+    opts = dict(storePath=str(store), topic="Group16", consumerGroup=GROUP, clientId=name,
+                consumeFromWhere="CONSUME_FROM_FIRST_OFFSET", maxMessagesPerTrigger="60", **LEASES)
+    for k, v in opts.items():
+        reader = reader.option(k, v)
+    return (reader.load().writeStream.format("parquet").option("path", str(tmp_path / f"sink-{name}"))
+            .option("checkpointLocation", str(tmp_path / f"chk-{name}"))
+            .trigger(processingTime="500 milliseconds").start())
+
+
+def _union(spark, tmp_path, names):
+    keys = Counter()
+    per_query = {}
+    for name in names:
+        path = tmp_path / f"sink-{name}"
+        if not list(path.glob("*.parquet")):  # nothing committed by this query yet
+            per_query[name] = Counter()
+            continue
+        rows = spark.read.parquet(str(path)).select("queueId", "queueOffset").collect()
+        per_query[name] = Counter((r.queueId, r.queueOffset) for r in rows)
+        keys.update(per_query[name])
+    return keys, per_query
+
+
+def _wait_for(spark, tmp_path, names, expected, timeout=150):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        keys, per_query = _union(spark, tmp_path, names)
+        if set(keys) >= expected:
+            return keys, per_query
+        time.sleep(2)
+    keys, per_query = _union(spark, tmp_path, names)
+    missing = sorted(expected - set(keys))[:10]
+    raise AssertionError(f"the group did not consume everything in {timeout}s; missing e.g. {missing}")
+
+
+def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path):
+    store = tmp_path / "store"
+    written = build_store(store, topics=(("Group16", 16, 320),))
+    expected = {(w.queue_id, w.queue_offset) for w in written}
+
+    q1, q2 = _start(spark, store, tmp_path, "c1"), _start(spark, store, tmp_path, "c2")
+    more: list = []
+    writer_done = threading.Event()
+
+    def produce():
+        with StoreWriter(store) as w:
+            for i in range(5):
+                more.extend(append_messages(w, "Group16", 40, start_ts=1_700_002_000_000 + i * 1000, seed=i))
+                w.flush()
+                time.sleep(0.7)
+        writer_done.set()
+
+    threading.Thread(target=produce, daemon=True).start()
+    time.sleep(4)
+    q3 = _start(spark, store, tmp_path, "c3")
+    assert writer_done.wait(60)
+    expected |= {(w.queue_id, w.queue_offset) for w in more}
+    names = ["c1", "c2", "c3"]
+    keys, per_query = _wait_for(spark, tmp_path, names, expected)
+    assert set(keys) == expected
+    assert all(n == 1 for n in keys.values()), "a message was read twice while the group only grew"
+    assert sum(1 for c in per_query.values() if c) >= 2, "the queues were not shared"
+
+    # One query stops: after its lease its queues move to the others, and nothing is lost.
+    q2.stop()
+    with StoreWriter(store) as w:
+        late = append_messages(w, "Group16", 64, start_ts=1_700_003_000_000, seed=42)
+    expected |= {(w.queue_id, w.queue_offset) for w in late}
+    keys, per_query = _wait_for(spark, tmp_path, names, expected)
+    for q in (q1, q3):
+        q.stop()
+    keys, per_query = _union(spark, tmp_path, names)
+    assert set(keys) == expected
+    twice = {k for k, n in keys.items() if n > 1}
+    assert twice <= set(per_query["c2"]), "only the stopped query's last batch may be read again"
+
+    history = read_history(store / "rmq_source_offsets", GROUP)
+    assert {r["client"] for r in history} == {"c1", "c2", "c3"}
+    assert find_lock_overlaps(history) == []
