@@ -807,16 +807,6 @@ fail:
 /* Row emission                                                                                */
 
 static const char HEXU[] = "0123456789ABCDEF";
-/* "00" .. "FF": two uppercase hex digits per byte value */
-static const char HEX_PAIRS[513] =
-    "000102030405060708090A0B0C0D0E0F101112131415161718191A1B1C1D1E1F"
-    "202122232425262728292A2B2C2D2E2F303132333435363738393A3B3C3D3E3F"
-    "404142434445464748494A4B4C4D4E4F505152535455565758595A5B5C5D5E5F"
-    "606162636465666768696A6B6C6D6E6F707172737475767778797A7B7C7D7E7F"
-    "808182838485868788898A8B8C8D8E8F909192939495969798999A9B9C9D9E9F"
-    "A0A1A2A3A4A5A6A7A8A9AAABACADAEAFB0B1B2B3B4B5B6B7B8B9BABBBCBDBEBF"
-    "C0C1C2C3C4C5C6C7C8C9CACBCCCDCECFD0D1D2D3D4D5D6D7D8D9DADBDCDDDEDF"
-    "E0E1E2E3E4E5E6E7E8E9EAEBECEDEEEFF0F1F2F3F4F5F6F7F8F9FAFBFCFDFEFF";
 
 static const char HEXL[] = "0123456789abcdef";
 
@@ -875,6 +865,27 @@ static int format_host(char *out, const uint8_t *h, int width) {
     *o++ = ':';
     o = put_i32dec(o, rd_i32(h + width - 4));
     return (int)(o - out);
+}
+
+/* 8 uppercase hex digits of v, most significant first: nibbles spread one per byte, then
+ * turned into ASCII with a carry trick (no table, no loop). */
+static inline uint64_t hex8_word(uint32_t v) {
+    uint64_t x = v;
+    x = ((x & 0xFFFF0000ull) << 16) | (x & 0x0000FFFFull);
+    x = ((x & 0x0000FF000000FF00ull) << 8) | (x & 0x000000FF000000FFull);
+    x = ((x & 0x00F000F000F000F0ull) << 4) | (x & 0x000F000F000F000Full);
+    uint64_t letters = ((x + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
+    return x + 0x3030303030303030ull + letters * 7;   /* '0'..'9', 'A'..'F' */
+}
+
+static inline void hex16(char *o, uint64_t v) {
+    uint64_t hi = hex8_word((uint32_t)(v >> 32)), lo = hex8_word((uint32_t)v);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    hi = __builtin_bswap64(hi);
+    lo = __builtin_bswap64(lo);
+#endif
+    memcpy(o, &hi, 8);
+    memcpy(o + 8, &lo, 8);
 }
 
 typedef struct prop { uint32_t ko, kl, vo, vl; } prop;
@@ -971,6 +982,7 @@ static int64_t parse_props(scanner *sc, const uint8_t *s, int32_t n) {
     int64_t cnt = 0;
     int hashed = 0;
     uint32_t hmask = 0;
+    uint64_t seen = 0;
     const uint8_t *end = s + n;
     const uint8_t *seg = s;
     while (seg < end) {
@@ -983,13 +995,19 @@ static int64_t parse_props(scanner *sc, const uint8_t *s, int32_t n) {
                 prop e = {(uint32_t)(seg - s), (uint32_t)(sep1 - seg), (uint32_t)(sep1 + 1 - s),
                           (uint32_t)(segend - sep1 - 1)};
                 int64_t found = -1;
-                if (!hashed) {
+                /* a 64-bit filter on (first byte, length): most names are new, skip the search */
+                uint64_t bit = 1ull << ((s[e.ko] * 31u + e.kl) & 63u);
+                int maybe_dup = (seen & bit) != 0;
+                seen |= bit;
+                if (!hashed && maybe_dup) {
                     for (int64_t i = 0; i < cnt; i++)
                         if (pr[i].kl == e.kl && s[pr[i].ko] == s[e.ko] &&
                             memcmp(s + pr[i].ko, s + e.ko, e.kl) == 0) {
                             found = i;
                             break;
                         }
+                }
+                if (!hashed) {
                     if (found < 0 && cnt >= 16) {
                         /* switch to a hash table sized for the worst case */
                         int64_t hc = 64;
@@ -1244,8 +1262,8 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
         char *o = (char *)d->data + d->len;
         memcpy(o, sc->store.hex, (size_t)(2 * r->sh));
         o += 2 * r->sh;
-        const uint8_t *phy_bytes = r->p + 28;
-        for (int i = 0; i < 8; i++, o += 2) memcpy(o, HEX_PAIRS + 2 * phy_bytes[i], 2);
+        hex16(o, be64(r->p + 28));
+        o += 16;
         d->len = (uint8_t *)o - d->data;
         put_off(&B[RMQ_B_MSGID_OFF], row + 1, d->len);
     }

@@ -113,8 +113,8 @@ class GroupSession:
                ) -> tuple[set[MessageQueue], dict[MessageQueue, int]]:
         """Which queues this batch reads, and the Spark offsets of the queues it does not read.
 
-        ``fresh`` is true for the first batch of a new query, whose starting options win over the
-        group's progress. Returns (queues to read from their start, {queue: end offset} for the
+        ``fresh`` is true for the first batch of a new query whose starting position was forced by
+        ``startingOffsets``/``startingTimestamp``: those win over the group's progress. Returns (queues to read from their start, {queue: end offset} for the
         others: the group's committed progress, or their start when the group has none).
         """
         if self._stopped:
@@ -136,7 +136,9 @@ class GroupSession:
         moved: dict[MessageQueue, int] = {}
         for mq in mqs:
             g = committed.get(mq, -1)
-            continuing = mq in previous or fresh or g < 0 or g == starts[mq]
+            # The previous batch's progress was just recorded, so for a queue this query kept reading
+            # g == start; a different g means another query read it meanwhile (or a reset).
+            continuing = fresh or g < 0 or g == starts[mq]
             if mq in granted and continuing:
                 read.add(mq)
             elif g >= 0 and (mq in granted or g > starts[mq]):
@@ -208,6 +210,12 @@ class GroupSession:
         return found
 
     def held(self) -> set[MessageQueue] | None:
-        """Queues read by the last batch this session planned (None before the first)."""
+        """Queues read by the last batch this session planned (None before the first), less any
+        whose lock this query no longer holds (ordered mode): their progress is no longer ours."""
         with self._mutex:
-            return None if self._fresh_process else set(self._held)
+            if self._fresh_process:
+                return None
+            held = set(self._held)
+        if self.orderly and held:
+            held = {mq for mq in held if self.locks.is_locked(mq, self.client_id)}
+        return held

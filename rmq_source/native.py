@@ -277,8 +277,14 @@ _PROPS_TYPE = ARROW_SCHEMA.field("properties").type
 _PROPS_FIELDS = [_PROPS_TYPE.key_field, _PROPS_TYPE.item_field]
 
 
+_EMPTY_BATCH = pa.RecordBatch.from_pylist([], schema=NATIVE_SCHEMA)
+
+
 def _wrap(batch_ptr) -> pa.RecordBatch:
     """Arrow arrays over the C buffers, zero-copy; the buffers live as long as any array."""
+    if batch_ptr.rows == 0:            # polls of live queues often find nothing: skip wrapping
+        lib.rmq_batch_free(batch_ptr)
+        return _EMPTY_BATCH
     keep = ffi.gc(batch_ptr, lib.rmq_batch_free)
     n = int(keep.rows)
     addrs = ffi.new("uint64_t[]", lib.RMQ_NBUF)

@@ -68,7 +68,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return sorted(set(discover_queues(self.catalog, self.opts)) | set(known))
 
     def initialOffset(self) -> dict:
-        self._fresh = True
+        # A position forced by options wins over the group's progress in the first batch.
+        self._fresh = (self.opts.starting_timestamp is not None
+                       or self.opts.starting_offsets != "group")
         mqs = self._queues()
         starts = starting_offsets(self.catalog, mqs, self.opts, self.group_store)
         infos = self.catalog.infos(mqs)

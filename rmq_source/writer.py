@@ -56,6 +56,8 @@ _APPEND_OPTIONS = frozenset({"selector", "selector_arg", "keys", "properties", "
                              "prepared_transaction_offset", "sys_flag_extra"})
 _CQ_PACK = rc.CQ_UNIT.pack_into
 _tuple_new = tuple.__new__
+_time_ns = time.time_ns      # module-level aliases: append's fast path is a few microseconds
+_crc32 = zlib.crc32
 _COUNTER = rc._COUNTER
 _COUNTER_HEX = [f"{i:04X}".encode("ascii") for i in range(1 << 16)]   # UNIQ_KEY counter part
 
@@ -231,6 +233,7 @@ class _Topic:
     def __post_init__(self) -> None:
         v2 = len(self.raw) > rc.V1_MAX_TOPIC_LENGTH
         self.magic = rc.MAGIC_V2 if v2 else rc.MAGIC_V1
+        self.magic_bytes = self.magic.to_bytes(4, "big", signed=True)
         self.len_bytes = len(self.raw).to_bytes(2 if v2 else 1, "big")
         self.topic_part = self.len_bytes + self.raw              # TOPICLENGTH field + topic
         self.len_part = len(self.topic_part)
@@ -281,6 +284,9 @@ class StoreWriter:
         self._uk_prefix = b""
         self._bh_field, self._sh_field = self.born_host.field, self.store_host.field
         self._head = rc.header_struct(len(self._bh_field), len(self._sh_field))
+        # the fixed fields after TOTALSIZE and MAGIC, and where the body starts
+        self._head_rest = struct.Struct(">" + self._head.format[3:])
+        self._body_at = self._head.size
         self._sh_hex = self._sh_field.hex().upper()
         self._sys_flag = ((rc.FLAG_BORNHOST_V6 if self.born_host.is_v6 else 0)
                           | (rc.FLAG_STOREHOST_V6 if self.store_host.is_v6 else 0))
@@ -868,7 +874,7 @@ class StoreWriter:
             qid = queue_id
         else:
             return self._append_general(topic, body, queue_id=queue_id, tags=tags)
-        now = time.time_ns() // 1_000_000
+        now = _time_ns() // 1_000_000
         if now < self._last_store_ts:
             now = self._last_store_ts
         if now != self._uk_ms:
@@ -887,23 +893,25 @@ class StoreWriter:
         cl = self._cl
         pos = self._pos
         phy = cl.start + pos
-        record = b"".join((
-            self._head.pack(total, t.magic, zlib.crc32(body) & 0x7FFFFFFF, qid, 0, off, phy,
-                            self._sys_flag, now, self._bh_field, now, self._sh_field, 0, 0,
-                            len(body)),
-            body, t.topic_part, props_head, self._uk_prefix, _COUNTER_HEX[next(_COUNTER) & 0xFFFF],
-            self._props_tail))
+        # straight into the map, in _publish's order: fields after MAGIC, TOTALSIZE, MAGIC last
         mm = cl.mm
-        # inlined _publish (see there)
-        mm[pos + 8:pos + total] = memoryview(record)[8:]
-        mm[pos:pos + 4] = record[:4]
-        mm[pos + 4:pos + 8] = record[4:8]
+        self._head_rest.pack_into(mm, pos + 8, _crc32(body) & 0x7FFFFFFF, qid, 0, off, phy,
+                                  self._sys_flag, now, self._bh_field, now, self._sh_field, 0, 0,
+                                  len(body))
+        p = pos + self._body_at
+        end = p + len(body)
+        mm[p:end] = body
+        mm[end:pos + total] = b"".join((t.topic_part, props_head, self._uk_prefix,
+                                        _COUNTER_HEX[next(_COUNTER) & 0xFFFF], self._props_tail))
+        size_bytes = total.to_bytes(4, "big")
+        mm[pos:pos + 4] = size_bytes
+        mm[pos + 4:pos + 8] = t.magic_bytes
         self._pos = pos + total
         self._last_store_ts = self._last_dispatch_ts = now
         if q.file_first <= off < q.file_end:
             upos = (off - q.file_first) * 20
             _CQ_PACK(q.mm, upos, phy, 0, code)
-            q.mm[upos + 8:upos + 12] = total.to_bytes(4, "big")
+            q.mm[upos + 8:upos + 12] = size_bytes      # size last, see _put_unit
             q.next_offset = off + 1
         else:
             self._put_unit(q, phy, total, code)
@@ -938,7 +946,7 @@ class StoreWriter:
             if sys_flag_extra & rc.FLAG_COMPRESSED:
                 raise RmqOptionError("sys_flag_extra must not set the compressed bit 0x1; use "
                                      "compression=")
-        now = time.time_ns() // 1_000_000
+        now = _time_ns() // 1_000_000
         if store_timestamp is None:
             store_ts = now if now > self._last_store_ts else self._last_store_ts
         else:
@@ -994,7 +1002,7 @@ class StoreWriter:
         pos = self._pos
         phy = cl.start + pos
         head = rc.header_struct(len(bh.field), len(sh.field)).pack(
-            total, rc.MAGIC_V2 if v2 else rc.MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, qid, flag,
+            total, rc.MAGIC_V2 if v2 else rc.MAGIC_V1, _crc32(body) & 0x7FFFFFFF, qid, flag,
             queue_offset, phy, sys_flag, born_ts, bh.field, store_ts, sh.field, reconsume_times,
             prepared_transaction_offset, len(body))
         record = b"".join((head, body, len(raw_topic).to_bytes(2 if v2 else 1, "big"), raw_topic,
@@ -1039,7 +1047,7 @@ class StoreWriter:
         if properties is not None and isinstance(properties, Mapping) and "UNIQ_KEY" in properties:
             raise RmqOptionError("append_batch: properties must not set UNIQ_KEY (each member gets "
                                  "its own)")
-        now = time.time_ns() // 1_000_000
+        now = _time_ns() // 1_000_000
         if store_timestamp is None:
             store_ts = max(now, self._last_store_ts)
         else:
@@ -1091,7 +1099,7 @@ class StoreWriter:
         units = []
         phy, off = start, q.next_offset
         for body, size in zip(members, sizes):
-            parts += (pack(size, magic, zlib.crc32(body) & 0x7FFFFFFF, qid, 0, off, phy, sys_flag,
+            parts += (pack(size, magic, _crc32(body) & 0x7FFFFFFF, qid, 0, off, phy, sys_flag,
                            born_ts, bh_field, store_ts, sh_field, 0, 0, len(body)),
                       body, len_bytes, raw, props_len_bytes, head_props, uk_prefix,
                       _COUNTER_HEX[next(_COUNTER) & 0xFFFF], tail_props)

@@ -39,10 +39,10 @@ def _union(spark, tmp_path, names):
     per_query = {}
     for name in names:
         path = tmp_path / f"sink-{name}"
-        if not list(path.glob("*.parquet")):  # nothing committed by this query yet
+        if not (path / "_spark_metadata").exists():  # the query has not committed a batch yet
             per_query[name] = Counter()
             continue
-        rows = spark.read.parquet(str(path)).select("queueId", "queueOffset").collect()
+        rows = spark.read.schema("queueId int, queueOffset long").parquet(str(path)).collect()
         per_query[name] = Counter((r.queueId, r.queueOffset) for r in rows)
         keys.update(per_query[name])
     return keys, per_query

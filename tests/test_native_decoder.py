@@ -239,6 +239,9 @@ def test_cq_end_at_unwritten_unit_and_past_last_file(tmp_path):
     assert (res.batch.num_rows, res.status, res.next_offset) == (0, "CQ_END", 30)
     res = native.scan_queue(cl, cq, CQ_SIZE, 2, 2)
     assert (res.batch.num_rows, res.status, res.next_offset, res.scanned) == (0, "END", 2, 0)
+    res = native.scan_queue(cl, [], CQ_SIZE, 0, 5)       # queue folder without files yet
+    assert (res.batch.num_rows, res.status, res.next_offset) == (0, "CQ_END", 0)
+    assert res.batch.schema == native.NATIVE_SCHEMA
 
 
 def test_pre_blank_units_are_skipped(tmp_path):

@@ -44,7 +44,7 @@ _message = st.fixed_dictionaries({
     "store_host": st.one_of(st.none(), _host),
     "compression": st.sampled_from([None, None, "zlib", "lz4", "zstd"]),
     "queue_id": st.one_of(st.none(), st.integers(0, 2)),
-    "gap_ms": st.integers(0, 5000),
+    "gap_ms": st.one_of(st.none(), st.integers(0, 5000)),   # None: the writer's clock
 })
 
 
@@ -70,15 +70,21 @@ def test_round_trip(messages, style, cl_size, units):
             for topic in ("T", "Other_%-|", "V" * 128):
                 w.create_topic(topic, 3)
             for m in messages:
-                ts += m["gap_ms"]
+                # pass only what differs from the defaults, so append's fast path is exercised too
                 kwargs = {k: m[k] for k in ("tags", "keys", "properties", "flag", "reconsume_times",
-                                            "born_host", "store_host", "compression", "queue_id")}
-                r = w.append(m["topic"], m["body"], born_timestamp=ts - 7, store_timestamp=ts,
-                             **kwargs)
-                expected.append((r, m, ts))
+                                            "born_host", "store_host", "compression", "queue_id")
+                          if m[k] not in (None, 0)}
+                if m["gap_ms"] is None:
+                    born = None
+                else:
+                    ts = max(ts + m["gap_ms"], w._last_store_ts)
+                    born = ts - 7
+                    kwargs.update(born_timestamp=born, store_timestamp=ts)
+                r = w.append(m["topic"], m["body"], **kwargs)
+                expected.append((r, m, born))
             roots = (w.root, w.commitlog_file_size)
         with Store(root) as store:
-            for r, m, ts in expected:
+            for r, m, born in expected:
                 row = store.read(m["topic"], r.queue_id, r.queue_offset, r.queue_offset + 1).to_pylist()
                 assert len(row) == 1, (r, m)
                 row = row[0]
@@ -96,17 +102,22 @@ def test_round_trip(messages, style, cl_size, units):
                     if k != "WAIT":
                         assert props[k] == v
                 assert (row["flag"], row["reconsumeTimes"]) == (m["flag"], m["reconsume_times"])
-                assert row["bornTimestamp"] == _ts(ts - 7) and row["storeTimestamp"] == _ts(ts)
+                path, file_size = roots
+                start = r.commitlog_offset - r.commitlog_offset % file_size
+                data = (path / "commitlog" / f"{start:020d}").read_bytes()
+                stored = rc.decode_record(data, r.commitlog_offset - start)
+                if born is None:     # the writer's clock: born = store time
+                    assert stored.born_timestamp == stored.store_timestamp
+                else:
+                    assert stored.born_timestamp == born and stored.store_timestamp == born + 7
+                assert row["bornTimestamp"] == _ts(stored.born_timestamp)
+                assert row["storeTimestamp"] == _ts(stored.store_timestamp)
                 assert row["bornHost"] == _java_host(m["born_host"], "127.0.0.1:53210")
                 assert row["storeHost"] == _java_host(m["store_host"], "[::1]:10911")
                 assert row["preparedTransactionOffset"] == 0 and row["brokerName"] == "broker-a"
                 assert bool(row["sysFlag"] & 1) == (m["compression"] is not None)
                 assert bool(row["sysFlag"] & 0x10) == (len(rc.parse_host(
                     m["born_host"] or "127.0.0.1:53210").address) == 16)
-                path, file_size = roots
-                start = r.commitlog_offset - r.commitlog_offset % file_size
-                data = (path / "commitlog" / f"{start:020d}").read_bytes()
-                stored = rc.decode_record(data, r.commitlog_offset - start)
                 assert row["bodyCRC"] == zlib.crc32(stored.body) & 0x7FFFFFFF == stored.body_crc
             for topic in ("T", "Other_%-|", "V" * 128):
                 for qid in range(3):

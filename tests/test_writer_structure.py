@@ -154,7 +154,7 @@ def test_properties_style(tmp_path, style, tail):
 
 
 def test_fast_and_general_paths_write_identical_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer_module.time, "time_ns", lambda: 1_700_000_000_123_000_000)
+    monkeypatch.setattr(writer_module, "_time_ns", lambda: 1_700_000_000_123_000_000)
     records = []
     for n, extra in enumerate(({}, {"properties": {}})):     # properties={} forces the general path
         with StoreWriter(tmp_path / f"s{n}", commitlog_file_size=CL) as w:
@@ -443,7 +443,7 @@ def test_append_batch_is_placed_as_a_whole(store):
 
 
 def test_append_batch_bytes_match_single_appends(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer_module.time, "time_ns", lambda: 1_700_000_000_123_000_000)
+    monkeypatch.setattr(writer_module, "_time_ns", lambda: 1_700_000_000_123_000_000)
     records = []
     for n, batch in enumerate((False, True)):
         with StoreWriter(tmp_path / f"s{n}", commitlog_file_size=CL) as w:
