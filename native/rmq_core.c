@@ -1395,6 +1395,8 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
                 up += skip * CQ_UNIT;
                 if (n == stop) break;
             }
+            /* a queue's records are interleaved with other queues' in the CommitLog: fetch ahead */
+            if (!a->filter && n + 4 < stop) prefetch_unit_record(cl, up + 4 * CQ_UNIT);
             int64_t phy = rd_i64(up);
             int32_t size = rd_i32(up + 8);
             if (phy < 0 || size <= 0) {

@@ -150,3 +150,22 @@ def test_group_progress_resume_and_reset(spark, tmp_path, java_group_store):
     _run_available_now(spark, sink4, chk4, startingOffsets=json.dumps(start), **opts)
     got4 = _sink_keys(spark, sink4)
     assert len(got4) == 4 + len(new)
+
+
+def test_topic_pattern_picks_up_new_topics_and_queues_from_earliest(spark, tmp_path):
+    store = tmp_path / "store"
+    written = build_store(store, topics=(("Ev_orders", 2, 40),))
+    sink, chk = tmp_path / "sink", tmp_path / "chk"
+    opts = dict(storePath=str(store), topicPattern=r"Ev_.*", startingOffsets="latest")
+    _run_available_now(spark, sink, chk, **opts)  # starts at latest: nothing yet
+    with StoreWriter(store) as w:
+        w.create_topic("Ev_payments", 3)          # a new matching topic
+        w.create_topic("Other", 1)                # not matching
+        new = append_messages(w, "Ev_payments", 30, start_ts=1_700_000_800_000, seed=3)
+        append_messages(w, "Other", 5, start_ts=1_700_000_900_000, seed=4)
+        w.create_topic("Ev_orders", 3)            # a queue added to a known topic
+        more = append_messages(w, "Ev_orders", 9, start_ts=1_700_000_950_000, seed=5)
+    _run_available_now(spark, sink, chk, **opts)
+    assert sorted(_sink_keys(spark, sink)) == _keys(new + more)
+    assert any(w.queue_id == 2 for w in more)
+    assert written  # the first 40 were before the query's start (latest)
