@@ -99,7 +99,8 @@ def sustained(spark, store_root: Path, workdir: Path, max_per_trigger: int, repe
 
 # ------------------------------------------------------------------------------ latency
 
-def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, trigger_ms: int) -> dict:
+def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, trigger_ms: int,
+            num_partitions: int | None) -> dict:
     root = workdir / "latency_store"
     chk = workdir / "latency_chk"
     shutil.rmtree(root, ignore_errors=True)
@@ -120,9 +121,11 @@ def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, tr
         with lock:
             seen.extend((r.ts, now) for r in rows)
 
-    df = (spark.readStream.format("rmq").option("storePath", str(root)).option("topic", TOPIC)
-          .option("startingOffsets", "earliest").load())
-    q = (df.writeStream.foreachBatch(sink).option("checkpointLocation", str(chk))
+    reader = (spark.readStream.format("rmq").option("storePath", str(root)).option("topic", TOPIC)
+              .option("startingOffsets", "earliest"))
+    if num_partitions:
+        reader = reader.option("numPartitions", str(num_partitions))
+    q = (reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(chk))
          .trigger(processingTime=f"{trigger_ms} milliseconds").start())
     deadline = time.time() + 120
     while len(seen) < LATENCY_QUEUES and time.time() < deadline:   # the primer went through
@@ -173,6 +176,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="latency test: producing time")
     parser.add_argument("--warmup", type=float, default=5.0, help="latency test: seconds not counted")
     parser.add_argument("--trigger-ms", type=int, default=200)
+    parser.add_argument("--latency-partitions", default="default,1",
+                        help="latency test: numPartitions values to run, 'default' = one task per "
+                             f"queue ({LATENCY_QUEUES} queues)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--quick", action="store_true",
                         help="200,000-message backlog (50,000 per trigger), 20 s latency test")
@@ -193,9 +199,14 @@ def main() -> None:
 
     print("sustained rate (availableNow, maxMessagesPerTrigger, noop sink):", flush=True)
     s = sustained(spark, store_root, workdir, args.max_per_trigger, args.repeat)
-    print(f"latency: {args.rate:.0f} msgs/s for {args.seconds:.0f} s, processingTime "
-          f"{args.trigger_ms} ms, foreachBatch collect ...", flush=True)
-    lat = latency(spark, workdir, args.rate, args.seconds, args.warmup, args.trigger_ms)
+    lats = []
+    for value in args.latency_partitions.split(","):
+        parts = None if value.strip() == "default" else int(value)
+        print(f"latency: {args.rate:.0f} msgs/s for {args.seconds:.0f} s, processingTime "
+              f"{args.trigger_ms} ms, numPartitions {parts or 'default'}, foreachBatch collect ...",
+              flush=True)
+        lats.append((parts, latency(spark, workdir, args.rate, args.seconds, args.warmup,
+                                    args.trigger_ms, parts)))
     spark.stop()
 
     best = s["best"]
@@ -219,14 +230,18 @@ def main() -> None:
     print(f"median processedRowsPerSecond: "
           f"{fmt_rate(statistics.median(p['processedRowsPerSecond'] for p in best['progress']))}\n")
 
-    print(f"End-to-end latency, append -> foreachBatch collect ({lat['counted']:,} messages counted "
-          f"of {lat['produced']:,} produced, {lat['received']:,} received, {lat['batches']} "
-          f"micro-batches with data):")
-    print_table(["rate msgs/s", "trigger", "p50 ms", "p95 ms", "p99 ms", "max ms", "mean ms"], [
-        [f"{args.rate:.0f}", f"{args.trigger_ms} ms", f"{lat['p50']:.0f}", f"{lat['p95']:.0f}",
-         f"{lat['p99']:.0f}", f"{lat['max']:.0f}", f"{lat['mean']:.0f}"]])
-    print("median micro-batch phase, ms: " + ", ".join(
-        f"{k} {v:.0f}" for k, v in sorted(lat["phases"].items())))
+    print(f"End-to-end latency, append -> foreachBatch collect, {args.rate:.0f} msgs/s over "
+          f"{LATENCY_QUEUES} queues for {args.seconds:.0f} s (first {args.warmup:.0f} s not counted), "
+          f"processingTime {args.trigger_ms} ms:")
+    print_table(["tasks per micro-batch", "counted / produced / received", "micro-batches",
+                 "p50 ms", "p95 ms", "p99 ms", "max ms", "mean ms"],
+                [[f"{parts} (numPartitions={parts})" if parts else f"{LATENCY_QUEUES} (default: one per queue)",
+                  f"{lat['counted']:,} / {lat['produced']:,} / {lat['received']:,}", lat["batches"],
+                  f"{lat['p50']:.0f}", f"{lat['p95']:.0f}", f"{lat['p99']:.0f}", f"{lat['max']:.0f}",
+                  f"{lat['mean']:.0f}"] for parts, lat in lats])
+    for parts, lat in lats:
+        print(f"median micro-batch phases, numPartitions {parts or 'default'}, ms: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in sorted(lat["phases"].items())))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,11 @@
  * a message naming the file, the byte position and the physical/queue offset, never a crash and
  * never a silent skip. Files are mapped PROT_READ/MAP_SHARED; the mapping must not be truncated
  * underneath us (the broker never shrinks a file; it only deletes whole files, which is harmless
- * for an existing mapping).
+ * for an existing mapping). Built with -DRMQ_HEAP_SEGMENTS (the sanitizer build) files are read
+ * into exact-size heap buffers instead, so AddressSanitizer checks every read against file ends.
+ *
+ * Output: rmq_scan_queue fills an rmq_batch of 64-byte aligned Arrow buffers (see rmq_core.h);
+ * rmq_source/native.py wraps them zero-copy. Large freed buffers are pooled for the next scan.
  */
 #define _GNU_SOURCE
 #include "rmq_core.h"

@@ -5,10 +5,18 @@ Subcommands::
     generate STORE --topic T --queues N --messages M [...]   append sample messages (progress on stderr)
     topics STORE [--json]                                  topics, queues and their min/max offsets
     print STORE --topic T [--queue Q] [--from N] [--to M] [--sub-expression EXPR] [--json]
+    lag STORE --group G [--topic T] [--offset-store PATH] [--json]
+                                                           a consumer group's lag per queue
+    reset-offset STORE --group G --topic T (--timestamp MS | --to earliest|latest | --offsets JSON)
+                 [--force] [--offset-store PATH] [--json]  rewrite a group's progress on a topic
+    search STORE --topic T --key K [--max N] [--method auto|index|scan] [--json]
+                                                           messages by KEYS word or UNIQ_KEY
 
 Offsets are ConsumeQueue offsets; ``--to`` is exclusive; a queue's max offset is the next offset to
-be written. Exit codes: 0 success, 2 usage or option error, 3 store error (missing, corrupt,
-unknown topic, data deleted by retention), 1 anything unexpected. Errors are one line on stderr.
+be written; a group offset is the next offset to consume. Exit codes: 0 success, 2 usage or option
+error, 3 store error (missing, corrupt, unknown topic, data deleted by retention), 4 refused
+(``reset-offset`` while a live query of the group holds queue locks or heartbeats; ``--force``
+overrides), 1 anything unexpected. Errors are one line on stderr.
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from typing import Sequence
 
 from .errors import RmqOptionError, RmqSourceError
 
-EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_STORE, EXIT_REFUSED = 0, 1, 2, 3, 4
 PROG = "rmq-store"
 
 
@@ -61,6 +69,14 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a positive number")
     return value
+
+
+def _group_name(text: str) -> str:
+    from .statefile import check_group
+    try:
+        return check_group(text)
+    except RmqOptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +125,69 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one JSON object per message with every column (body in base64, "
                     "timestamps in epoch ms)")
     pr.add_argument("--broker-name", default="broker-a")
+
+    lag = sub.add_parser("lag", help="a consumer group's lag per queue (like consumerProgress)",
+                         description="Per queue: broker max offset, the group's next offset to "
+                         "consume (our offset store first, else the broker's "
+                         "config/consumerOffset.json; -1 when it has none), their difference and "
+                         "the store time of the last consumed message.")
+    lag.add_argument("store", metavar="STORE")
+    lag.add_argument("--group", required=True, type=_group_name, help="consumer group")
+    lag.add_argument("--topic", default=None,
+                     help="only this topic (default: every topic the group has offsets for)")
+    lag.add_argument("--broker-name", default="broker-a")
+    lag.add_argument("--offset-store", default=None, metavar="PATH",
+                     help="the queries' offsetStorePath (default: STORE/rmq_source_offsets)")
+    lag.add_argument("--json", action="store_true", help="one JSON object per queue and line")
+
+    rs = sub.add_parser("reset-offset", help="rewrite a group's progress on a topic "
+                        "(like resetOffsetByTime)",
+                        description="Rewrite the group's next offsets to consume on every queue of "
+                        "TOPIC (or the queues of --offsets) in the offset store. Refused (exit 4) "
+                        "while a live query of the group holds queue locks or heartbeats, unless "
+                        "--force.")
+    rs.add_argument("store", metavar="STORE")
+    rs.add_argument("--group", required=True, type=_group_name, help="consumer group")
+    rs.add_argument("--topic", required=True)
+    target = rs.add_mutually_exclusive_group(required=True)
+    target.add_argument("--timestamp", type=_non_negative, metavar="MS",
+                        help="epoch ms: each queue moves to its first message stored at or after it")
+    target.add_argument("--to", choices=("earliest", "latest"),
+                        help="each queue's min offset (earliest) or max offset (latest)")
+    target.add_argument("--offsets", metavar="JSON",
+                        help='explicit offsets: {"queueId": offset} for TOPIC on this broker, or '
+                        '{"TOPIC": {"BROKER": {"queueId": offset}}}; -2 = earliest, -1 = latest; '
+                        "queues not named keep their offsets")
+    rs.add_argument("--force", action="store_true",
+                    help="reset even while a live query of the group holds locks or heartbeats")
+    rs.add_argument("--broker-name", default="broker-a")
+    rs.add_argument("--offset-store", default=None, metavar="PATH",
+                    help="the queries' offsetStorePath (default: STORE/rmq_source_offsets)")
+    rs.add_argument("--json", action="store_true", help="one JSON object per queue and line")
+
+    se = sub.add_parser("search", help="find messages by key (KEYS word or UNIQ_KEY)",
+                        description="Find the messages of TOPIC whose KEYS contain KEY or whose "
+                        "UNIQ_KEY is KEY, through the store's index files (every candidate verified "
+                        "against the CommitLog), or by reading every message of the topic when the "
+                        "store has no index files.")
+    se.add_argument("store", metavar="STORE")
+    se.add_argument("--topic", required=True)
+    se.add_argument("--key", required=True, help="one KEYS word or a UNIQ_KEY")
+    se.add_argument("--max", type=_positive, default=64,
+                    help="at most this many messages, the newest (default 64)")
+    se.add_argument("--method", choices=("auto", "index", "scan"), default="auto",
+                    help="index files, full scan, or auto: index when the store has index files "
+                    "(default)")
+    se.add_argument("--hash-slots", type=_positive, default=None,
+                    help="the broker's maxHashSlotNum (default: 5000000 when the index file size "
+                    "fits, else inferred)")
+    se.add_argument("--index-num", type=_positive, default=None,
+                    help="the broker's maxIndexNum (default: 20000000 when the size fits, else "
+                    "inferred)")
+    se.add_argument("--broker-name", default="broker-a")
+    se.add_argument("--json", action="store_true",
+                    help="one JSON object per message, as print --json")
+    se.add_argument("--no-progress", action="store_true", help="no progress bar during a scan")
     return parser
 
 
@@ -255,9 +334,261 @@ def _print(args) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------ consumer-group progress
+
+def _offset_store_path(args, brokers: dict) -> str:
+    """``--offset-store`` (default: the queries' default), refused inside a broker's config/."""
+    from .offset_store import check_offset_store_path
+    from .progress import default_offset_store_path
+
+    path = os.path.abspath(args.offset_store or default_offset_store_path(brokers))
+    try:
+        check_offset_store_path(path, brokers, brokers)
+    except RmqOptionError:
+        raise RmqOptionError(f"--offset-store {path!r} would put offset files inside the broker's "
+                             f"config/ folder, which belongs to the broker; choose another "
+                             f"directory") from None
+    return path
+
+
+def _group_topics(root: str, broker: str, group: str, path: str) -> set[str]:
+    """Topics ``group`` has offsets for, in our offset store or the broker's consumerOffset.json."""
+    from .config_files import load_config_json, read_consumer_offsets
+    from .offset_store import GroupOffsetStore
+
+    own = GroupOffsetStore(path, group, broker_stores={broker: root}).file_path(broker)
+    data = load_config_json(own)
+    table = data.get("offsetTable") if isinstance(data, dict) else None
+    topics = set()
+    for key in (table or {}):
+        topic, _, owner = str(key).partition("@")
+        if owner == group and topic:
+            topics.add(topic)
+    topics.update(t for t, g in read_consumer_offsets(root) if g == group)
+    return topics
+
+
+def _ms_text(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _table_lines(header: Sequence[str], rows: list[Sequence], left: int = 1) -> list[str]:
+    """Aligned columns; the first ``left`` columns left-aligned, the others right-aligned."""
+    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
+
+
+def _lag(args) -> int:
+    from .progress import group_lag
+    from .store import Store
+
+    root = os.path.abspath(args.store)
+    brokers = {args.broker_name: root}
+    path = _offset_store_path(args, brokers)
+    with Store(root, broker_name=args.broker_name) as store:
+        existing = set(store.topics())
+        if args.topic is not None:
+            store.queue_ids(args.topic)               # unknown topic: exit 3, naming it
+    if args.topic is not None:
+        topics = [args.topic]
+    else:
+        found = _group_topics(root, args.broker_name, args.group, path)
+        for topic in sorted(found - existing):
+            print(f"{PROG}: note: group {args.group!r} has offsets for topic {topic!r}, which is "
+                  f"not in {root}; skipped", file=sys.stderr)
+        topics = sorted(found & existing)
+    lags = group_lag(brokers, args.group, topics, path) if topics else []
+    if args.json:
+        for q in lags:
+            print(json.dumps({"topic": q.topic, "brokerName": q.broker_name, "queueId": q.queue_id,
+                              "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset,
+                              "diff": q.diff, "lastTimestamp": q.last_timestamp},
+                             ensure_ascii=False))
+        return EXIT_OK
+    if not lags:
+        print(f"group {args.group!r} has no offsets on broker {args.broker_name!r} (offset store "
+              f"{path}, {root}/config/consumerOffset.json); give --topic T to see a topic's backlog")
+        return EXIT_OK
+    header = ("TOPIC", "BROKER", "QUEUE", "BROKER_OFFSET", "CONSUMER_OFFSET", "DIFF",
+              "LAST_CONSUMED")
+    rows = [(q.topic, q.broker_name, q.queue_id, q.broker_offset,
+             q.consumer_offset if q.consumer_offset >= 0 else "-", q.diff,
+             _ms_text(q.last_timestamp)) for q in lags]
+    lines = _table_lines(header, rows, left=2)
+    print("\n".join(lines))
+    print(f"total diff: {sum(q.diff for q in lags)} ({len(lags)} queues)")
+    return EXIT_OK
+
+
+def _parse_offsets(text: str, topic: str, broker: str) -> dict:
+    """``--offsets``: {"queueId": offset} or {topic: {broker: {"queueId": offset}}} ->
+    {MessageQueue: offset}; offsets >= 0, or -2 (earliest) / -1 (latest)."""
+    from .allocation import MessageQueue
+
+    shapes = ('{"queueId": offset}', f'{{"{topic}": {{"{broker}": {{"queueId": offset}}}}}}')
+    expected = f"expected {shapes[0]} or {shapes[1]}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RmqOptionError(f"--offsets is not valid JSON ({exc.msg} at character {exc.pos}); "
+                             f"{expected}") from None
+    if not isinstance(obj, dict) or not obj:
+        raise RmqOptionError(f"--offsets must be a non-empty JSON object; {expected}")
+    if all(isinstance(v, dict) for v in obj.values()):
+        if set(obj) != {topic}:
+            others = ", ".join(repr(t) for t in obj if t != topic)
+            raise RmqOptionError(f"--offsets names topic(s) {others or 'none'}, but reset-offset "
+                                 f"changes only --topic {topic!r}; {expected}")
+        by_broker = obj[topic]
+        if set(by_broker) != {broker} or not isinstance(by_broker[broker], dict):
+            raise RmqOptionError(f"--offsets names broker(s) {', '.join(map(repr, by_broker))}; this "
+                                 f"store is broker {broker!r} (--broker-name); {expected}")
+        queues = by_broker[broker]
+    elif any(isinstance(v, dict) for v in obj.values()):
+        raise RmqOptionError(f"--offsets mixes queue ids and topics; {expected}")
+    else:
+        queues = obj
+    if not queues:
+        raise RmqOptionError(f"--offsets names no queue; {expected}")
+    out = {}
+    for qid, offset in queues.items():
+        if not (isinstance(qid, str) and qid.isascii() and qid.isdigit()):
+            raise RmqOptionError(f"--offsets: queue id {qid!r} is not a non-negative integer; "
+                                 f"{expected}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
+            raise RmqOptionError(f"--offsets: offset {offset!r} of queue {qid} must be an integer "
+                                 ">= 0, or -2 (earliest) / -1 (latest)")
+        out[MessageQueue(topic, broker, int(qid))] = offset
+    return out
+
+
+def _group_users(path: str, group: str) -> tuple[list[str], dict[str, str]]:
+    """(live clients, {queue: owner} of unexpired locks) of ``group`` in the state folder ``path``."""
+    from .group_membership import GroupMembership
+    from .locks import QueueLockManager, parse_queue_key
+
+    if not os.path.isdir(path):
+        return [], {}
+    locks = QueueLockManager(path, group, history=False)
+    now = locks.now_ms()
+    held = {}
+    for key, entry in sorted(locks.entries().items()):
+        if not entry.is_expired(now):
+            topic, broker, qid = parse_queue_key(key)
+            held[f"{topic}/{broker}/{qid}"] = entry.client_id
+    live = GroupMembership(path, group, f"{PROG}-{os.getpid()}").live_clients()
+    return live, held
+
+
+def _in_use_text(group: str, live: list[str], held: dict[str, str]) -> str:
+    clients = sorted(set(live) | set(held.values()))
+    queues = [f"{q} ({owner})" for q, owner in held.items()]
+    shown = ", ".join(queues[:8]) + (f" and {len(queues) - 8} more" if len(queues) > 8 else "")
+    return (f"consumer group {group!r} is in use by live client(s) {', '.join(clients)}"
+            + (f"; locks held on {shown}" if queues else "; no queue locks held"))
+
+
+def _reset(args) -> int:
+    from .catalog import StoreCatalog
+    from .offset_store import OFFSET_FILE_NAME, ReadOffsetType
+    from .progress import open_group, reset_group
+    from .store import Store
+
+    root = os.path.abspath(args.store)
+    brokers = {args.broker_name: root}
+    offsets = None
+    if args.offsets is not None:
+        offsets = _parse_offsets(args.offsets, args.topic, args.broker_name)
+    path = _offset_store_path(args, brokers)
+    with Store(root, broker_name=args.broker_name) as store:
+        store.queue_ids(args.topic)                   # unknown topic: exit 3, naming it
+    mqs = StoreCatalog(brokers).queues_for_topics([args.topic])
+    live, held = _group_users(path, args.group)
+    if live or held:
+        text = _in_use_text(args.group, live, held)
+        if not args.force:
+            print(f"{PROG}: refused: {text}; stop those queries (or wait until their leases "
+                  f"expire) or pass --force", file=sys.stderr)
+            return EXIT_REFUSED
+        print(f"{PROG}: warning: {text}; resetting anyway (--force): a running query keeps its "
+              f"own position and overwrites this reset when it next records progress",
+              file=sys.stderr)
+    before = open_group(brokers, args.group, path).read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
+    written = reset_group(brokers, args.group, args.topic, timestamp_ms=args.timestamp, to=args.to,
+                          offsets=offsets, offset_store_path=path)
+    if args.json:
+        for mq, value in sorted(written.items()):
+            print(json.dumps({"topic": mq.topic, "brokerName": mq.broker_name,
+                              "queueId": mq.queue_id, "previousOffset": before.get(mq, -1),
+                              "offset": value}, ensure_ascii=False))
+        return EXIT_OK
+    rows = [(mq.topic, mq.broker_name, mq.queue_id,
+             before.get(mq, -1) if before.get(mq, -1) >= 0 else "-", value)
+            for mq, value in sorted(written.items())]
+    print("\n".join(_table_lines(("TOPIC", "BROKER", "QUEUE", "PREVIOUS", "NEW"), rows, left=2)))
+    print(f"reset consumer group {args.group!r} on topic {args.topic!r}: {len(written)} queues "
+          f"written to {os.path.join(path, args.broker_name, OFFSET_FILE_NAME)}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------- search
+
+def _search(args) -> int:
+    from .index_file import find_by_key
+    from .store import Store
+
+    if args.method == "scan" and (args.hash_slots is not None or args.index_num is not None):
+        raise RmqOptionError("--hash-slots/--index-num describe index files; they do not apply "
+                             "to --method scan")
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if args.no_progress:
+            return
+        if bar is None:
+            from tqdm import tqdm
+            bar = tqdm(total=total, unit="msg", file=sys.stderr, desc=f"scan {args.topic}",
+                       mininterval=0.5)
+        bar.update(done - bar.n)
+
+    try:
+        with Store(args.store, broker_name=args.broker_name) as store:
+            found = find_by_key(store, args.topic, args.key, max_results=args.max,
+                                method=args.method, hash_slots=args.hash_slots,
+                                index_num=args.index_num, on_progress=progress)
+            for batch in found.rows.to_batches():
+                for row in _rows(batch):
+                    sys.stdout.write((_json_row(row) if args.json else _human_row(row)) + "\n")
+    finally:
+        if bar is not None:
+            bar.close()
+    n = found.rows.num_rows
+    notes = []
+    if found.truncated:
+        notes.append(f"the newest {args.max} shown (--max); more may exist")
+    if found.unresolved:
+        notes.append(f"{found.unresolved} index candidate(s) point at CommitLog data that is "
+                     "deleted or not a message")
+    if args.json:
+        for note in notes:
+            print(f"{PROG}: note: {note}", file=sys.stderr)
+        return EXIT_OK
+    how = (f"index: {found.index_files} index file(s), {found.candidates} candidate(s), {n} "
+           f"verified" if found.method == "index" else "full scan of the topic's queues")
+    print(f"{n} message(s) with key {args.key!r} in topic {args.topic!r} ({how})"
+          + "".join(f"; {note}" for note in notes))
+    return EXIT_OK
+
+
 # ----------------------------------------------------------------------------------------- main
 
-_COMMANDS = {"generate": _generate, "topics": _topics, "print": _print}
+_COMMANDS = {"generate": _generate, "topics": _topics, "print": _print, "lag": _lag,
+             "reset-offset": _reset, "search": _search}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

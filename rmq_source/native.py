@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from . import errors
-from .errors import RmqCorruptStoreError, RmqOptionError, RmqSourceError, RmqStoreLayoutError
+from .errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
 from .schema import ARROW_SCHEMA
 
 if os.environ.get("RMQ_NATIVE", "") == "asan":
@@ -34,8 +33,7 @@ else:
             "`python setup.py build_ext --inplace`) in the project root") from exc
 
 __all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
-           "ScanResult", "scan_queue", "lookup_time", "NATIVE_SCHEMA", "RmqStoreIOError",
-           "CQ_UNIT_SIZE"]
+           "ScanResult", "scan_queue", "lookup_time", "NATIVE_SCHEMA", "CQ_UNIT_SIZE"]
 
 CQ_UNIT_SIZE = 20
 INT32_MAX = (1 << 31) - 1
@@ -50,14 +48,6 @@ _STATUS = {lib.RMQ_ST_END: "END", lib.RMQ_ST_FULL: "FULL", lib.RMQ_ST_CQ_END: "C
 _CORRUPT = {lib.RMQ_E_BAD_MAGIC, lib.RMQ_E_TRUNCATED, lib.RMQ_E_SIZE_MISMATCH,
             lib.RMQ_E_NEGATIVE_LENGTH, lib.RMQ_E_UNIT_OUT_OF_RANGE, lib.RMQ_E_BAD_UTF8,
             lib.RMQ_E_CRC_MISMATCH, lib.RMQ_E_BAD_UNIT}
-
-
-class _StoreIOError(RmqSourceError, OSError):
-    """A store file exists but cannot be opened, inspected or mapped."""
-
-
-#: errors.RmqStoreIOError when the lead adds it there; this module's class otherwise.
-RmqStoreIOError = getattr(errors, "RmqStoreIOError", _StoreIOError)
 
 
 def _raise(err) -> None:

@@ -137,7 +137,7 @@ def _record_ends(log: list[dict]) -> set[int]:
 def test_reads_while_another_process_appends(tmp_path, retention):
     root, log_path = tmp_path / "store", tmp_path / "appends.jsonl"
     args = ["--root", str(root), "--log", str(log_path), "--ready", str(tmp_path / "ready"),
-            "--queues", "4", "--rate", "800", "--duration", "120", "--max-messages", "8000",
+            "--queues", "4", "--rate", "800", "--duration", "120", "--max-messages", "20000",
             "--commitlog-file-size", str(CL_SIZE), "--cq-units", str(CQ_UNITS)]
     if retention:
         args += ["--retain-files", "4"]
@@ -145,7 +145,7 @@ def test_reads_while_another_process_appends(tmp_path, retention):
     seen, valid_ends = Seen(), []
     rng = random.Random(1234)
     iterations = {"store": 0, "native": 0}
-    enough = {"store": 40, "native": 0 if retention else 20}
+    enough = {"store": 30, "native": 0 if retention else 15}
     try:
         procs.wait_for(lambda: (tmp_path / "ready").exists(), 60, "writer's first append", writer)
         started = time.monotonic()
@@ -196,3 +196,120 @@ def test_reads_while_another_process_appends(tmp_path, retention):
                 key = (row["queueId"], row["queueOffset"])
                 assert (row["commitLogOffset"], row["storeSize"], row["msgId"]) == by_key[key]
                 assert check_row(TOPIC, row) is None
+
+
+# -- the same races, replayed deterministically ------------------------------------------------
+# The stress test above meets these interleavings by chance; here each is forced at the exact
+# point where it bites: a directory listing taken, then the writer (in this process) rolls,
+# appends or deletes files before the reader uses that listing.
+
+def _store_with_writer(tmp_path, count=120):
+    from rmq_source.writer import StoreWriter
+    w = StoreWriter(tmp_path / "store", commitlog_file_size=CL_SIZE, cq_units_per_file=1000)
+    w.create_topic(TOPIC, 1)
+    for _ in range(count):
+        off = w.next_offset(TOPIC, 0)
+        from fault_helpers.payload import body_for, props_for, tags_for
+        w.append(TOPIC, body_for(TOPIC, 0, off), queue_id=0, tags=tags_for(off),
+                 properties=props_for(TOPIC, 0, off))
+    return w
+
+
+def _append(w, count):
+    from fault_helpers.payload import body_for, props_for, tags_for
+    for _ in range(count):
+        off = w.next_offset(TOPIC, 0)
+        w.append(TOPIC, body_for(TOPIC, 0, off), queue_id=0, tags=tags_for(off),
+                 properties=props_for(TOPIC, 0, off))
+
+
+def _after_listing(monkeypatch, folder: Path, action):
+    """The next ``os.listdir(folder)`` returns its result only after ``action(names)`` ran;
+    ``action`` may also return a replacement listing (a listing that missed a file)."""
+    real = os.listdir
+    state = {"done": False}
+
+    def listdir(path="."):
+        names = real(path)
+        if not state["done"] and os.path.abspath(path) == str(folder):
+            state["done"] = True
+            replaced = action(names)
+            if replaced is not None:
+                names = replaced
+        return names
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    return state
+
+
+@pytest.mark.xfail(strict=True, reason="B2 (docs/reliability.md): Store scans units written after "
+                   "it listed the CommitLog -> UNIT_OUT_OF_RANGE")
+def test_units_written_after_the_commitlog_listing_are_not_corruption(tmp_path, monkeypatch):
+    w = _store_with_writer(tmp_path)
+    try:
+        root = tmp_path / "store"
+        store = Store(root)
+        old_max = store.max_offset(TOPIC, 0)
+        # the reader lists commitlog/, then the writer rolls into a new CommitLog file before
+        # the reader scans: the new units are visible through the already mapped CQ file
+        state = _after_listing(monkeypatch, root / "commitlog", lambda names: _append(w, 200))
+        got = store.read(TOPIC, 0, 0, old_max + 500)
+        assert state["done"]
+        offsets = got.column("queueOffset").to_pylist()
+        assert offsets == list(range(len(offsets))) and len(offsets) >= old_max
+        assert all(check_row(TOPIC, r) is None for r in got.to_pylist())
+    finally:
+        w.close()
+
+
+@pytest.mark.xfail(strict=True, reason="B3 (docs/reliability.md): a listing that missed a file "
+                   "being created is reported as a layout error instead of being re-made")
+def test_listing_that_missed_a_new_file_is_made_again(tmp_path, monkeypatch):
+    w = _store_with_writer(tmp_path)
+    try:
+        root = tmp_path / "store"
+        names = sorted(os.listdir(root / "commitlog"))
+        assert len(names) >= 4
+        # readdir is no snapshot: a file created during the listing may be missed while a file
+        # created after it is returned (ext4 lists hashed directories in hash order)
+        _after_listing(monkeypatch, root / "commitlog", lambda n: [x for x in n if x != names[-2]])
+        store = Store(root)
+        got = store.read(TOPIC, 0, 0, w.next_offset(TOPIC, 0))
+        assert got.num_rows == w.next_offset(TOPIC, 0)
+    finally:
+        w.close()
+
+
+@pytest.mark.xfail(strict=True, reason="B1 (docs/reliability.md): a file deleted by retention "
+                   "between listing and mapping escapes as FileNotFoundError")
+def test_file_deleted_between_listing_and_mapping(tmp_path, monkeypatch):
+    w = _store_with_writer(tmp_path)
+    try:
+        root = tmp_path / "store"
+        store = Store(root)
+        end = w.next_offset(TOPIC, 0)
+        _after_listing(monkeypatch, root / "commitlog",
+                       lambda names: w.delete_oldest_commitlog_files(1) and None)
+        losses = []
+        got = store.read(TOPIC, 0, 0, end, on_data_loss=lambda a, b: losses.append((a, b)))
+        first = got.column("queueOffset")[0].as_py()
+        assert losses == [(0, first)] and got.num_rows == end - first
+    finally:
+        w.close()
+
+
+@pytest.mark.xfail(strict=True, reason="B5 (docs/reliability.md): a queue whose first ConsumeQueue "
+                   "file is being created (still 0 bytes) makes the whole store unreadable")
+def test_new_queue_with_a_file_still_being_created(tmp_path):
+    w = _store_with_writer(tmp_path)
+    w.close()
+    root = tmp_path / "store"
+    # the writer (like the broker's MappedFile) opens the file, then sizes it: between the two a
+    # reader sees an empty file
+    (root / "consumequeue" / TOPIC / "1").mkdir()
+    (root / "consumequeue" / TOPIC / "1" / f"{0:020d}").touch()
+    with Store(root) as store:
+        infos = {i.queue_id: i for i in store.queues([TOPIC])}
+        assert (infos[1].min_offset, infos[1].max_offset) == (0, 0)
+        assert store.read(TOPIC, 1, 0, 10).num_rows == 0
+        assert store.read(TOPIC, 0, 0, infos[0].max_offset).num_rows == 120

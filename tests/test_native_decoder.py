@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from rmq_source import native
-from rmq_source.errors import RmqCorruptStoreError, RmqOptionError, RmqSourceError, RmqStoreLayoutError
+from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqStoreIOError,
+                               RmqStoreLayoutError)
 
 from test_native_craft import CQ_UNIT, CraftStore, Rec, host, java_hash, open_store
 
@@ -363,9 +364,9 @@ def test_map_segment_files(tmp_path):
     empty.write_bytes(b"")
     seg = native.map_segment(empty, 0)
     assert seg.size == 0 and native.cq_valid_units(seg) == 0
-    with pytest.raises(OSError) as exc:
+    with pytest.raises(RmqStoreIOError) as exc:             # a directory: exists, not a file
         native.map_segment(tmp_path, 0)
-    assert isinstance(exc.value, RmqSourceError)
+    assert isinstance(exc.value, OSError) and str(tmp_path) in str(exc.value)
     seg.close()
     assert seg.closed
     with pytest.raises(RmqOptionError):
