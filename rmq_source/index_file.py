@@ -10,7 +10,8 @@ hash slots, ``N`` 20-byte entries; ``size = 40 + 4*S + 20*N``. ``S`` (``maxHashS
 3. a geometry already accepted for another file of the same size in the same lookup;
 4. otherwise inferred: a full file has ``indexCount == N``, so ``S = (size - 40 - 20*indexCount)/4``;
    for a file still filling, the header's ``endPhyOffset`` is the physical offset of entry
-   ``indexCount - 1``, so each place where those 8 bytes occur in the file gives one candidate S.
+   ``indexCount - 1`` (``- 2`` while an insertion is in flight), so each place where those 8 bytes
+   occur in the file gives a candidate S.
 
 Every geometry, given or inferred, must fit the header: ``indexCount <= N``, ``hashSlotCount <=
 indexCount``, entry 1 holds ``beginPhyOffset`` and starts no chain, entry ``indexCount - 1`` (or
@@ -180,19 +181,24 @@ class IndexFile:
         return None
 
     def _pattern_candidates(self) -> list[tuple[int, int]]:
-        """(S, N) for each place where endPhyOffset's bytes could be entry indexCount-1's offset."""
+        """(S, N) for each place where endPhyOffset's bytes could be the offset of entry
+        indexCount-1 (or indexCount-2 while an insertion is in flight)."""
         h = self.header
-        pattern = struct.pack(">q", h.end_phy_offset)
         if h.end_phy_offset == 0:
             return []            # eight zero bytes are everywhere
-        base = HEADER_SIZE + ENTRY_SIZE * (h.index_count - 1) + 4
-        out, pos = [], self._mm.find(pattern, base + SLOT_SIZE)
-        while pos >= 0 and len(out) < _MAX_PATTERN_HITS:
-            if (pos - base) % SLOT_SIZE == 0:
-                s = (pos - base) // SLOT_SIZE
-                rest = self.size - HEADER_SIZE - SLOT_SIZE * s
-                if rest > 0 and rest % ENTRY_SIZE == 0:
-                    out.append((s, rest // ENTRY_SIZE))
+        pattern = struct.pack(">q", h.end_phy_offset)
+        bases = [HEADER_SIZE + ENTRY_SIZE * (h.index_count - k) + 4 for k in (1, 2)
+                 if h.index_count - k >= 1]
+        out, hits = [], 0
+        pos = self._mm.find(pattern, min(bases) + SLOT_SIZE)
+        while pos >= 0 and hits < _MAX_PATTERN_HITS:
+            hits += 1
+            for base in bases:
+                if pos > base and (pos - base) % SLOT_SIZE == 0:
+                    s = (pos - base) // SLOT_SIZE
+                    rest = self.size - HEADER_SIZE - SLOT_SIZE * s
+                    if rest > 0 and rest % ENTRY_SIZE == 0:
+                        out.append((s, rest // ENTRY_SIZE))
             pos = self._mm.find(pattern, pos + 1)
         return out
 

@@ -272,7 +272,7 @@ class Store:
             res = native.scan_queue(cl, segs, cq_size, pos, end, codes=codes, tags=tags,
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc)
             if res.batch.num_rows:
-                yield self._finish(topic, res.batch)
+                yield self._finish(topic, queue_id, res.batch)
             if res.status == "CL_GONE":
                 # Retention removed the record between listing and scanning: recompute min.
                 pos = res.next_offset
@@ -298,11 +298,16 @@ class Store:
             return batches[0]
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]
 
-    def _finish(self, topic: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Native columns -> full row schema: add topic and brokerName, decompress bodies."""
+    def _finish(self, topic: str, queue_id: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Native columns -> full row schema: add topic and brokerName, decompress bodies.
+
+        topic and queueId are those of the queue read; they equal the record's own fields except
+        for light message queues (LMQ), whose records carry the parent topic's.
+        """
         n = batch.num_rows
         columns = [pa.repeat(topic, n), pa.repeat(self.broker_name, n)]
         columns.extend(batch.columns)
+        columns[ARROW_SCHEMA.get_field_index("queueId")] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
         body_idx = ARROW_SCHEMA.get_field_index("body")
         flags = columns[ARROW_SCHEMA.get_field_index("sysFlag")]
         columns[body_idx] = decompress_bodies(

@@ -8,7 +8,8 @@ as the store reports them, and one JSON line is written (and flushed) to OUT:
 * ``{"id": ..., "queues": {qid: {"min": m, "max": M, "rows": [{column: digest}]}}}``, or
 * ``{"id": ..., "error": {"type", "module", "code", "path", "position", "message", "mro"}}``.
 
-Each value is reduced to a short digest so a test can tell exactly which columns of which row
+Each value is reduced to a short digest (timestamps as their int64 microseconds, so values
+beyond Python's datetime range still compare) so a test can tell exactly which columns of which row
 differ from an undamaged store. A crash (signal) or a hang shows as a missing line: the caller
 runs this with a timeout and knows the job that was being read.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+
+import pyarrow as pa
 
 from rmq_source.store import Store
 
@@ -37,8 +40,13 @@ def run(job: dict) -> dict:
                 info = store.queue_info(job["topic"], qid)
                 batch = store.read(job["topic"], qid, info.min_offset, info.max_offset,
                                    verify_crc=bool(job.get("verify_crc")))
-                rows = [{k: _digest(v) for k, v in row.items()} for row in batch.to_pylist()]
-                for row, off in zip(rows, batch.column("queueOffset").to_pylist()):
+                columns = {}
+                for field, col in zip(batch.schema, batch.columns):
+                    if pa.types.is_timestamp(field.type):   # any int64, even past year 9999
+                        col = col.cast(pa.int64())
+                    columns[field.name] = col.to_pylist()
+                rows = [{k: _digest(v[i]) for k, v in columns.items()} for i in range(batch.num_rows)]
+                for row, off in zip(rows, columns["queueOffset"]):
                     row["_offset"] = off
                 result[str(qid)] = {"min": info.min_offset, "max": info.max_offset, "rows": rows}
             out["queues"] = result

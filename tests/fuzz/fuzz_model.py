@@ -313,6 +313,11 @@ class Model:
         self.cl = cl
         self._cache: dict = {}
 
+    def trim_cache(self, limit: int = 50_000) -> None:
+        """Bound the memory of a long run (fuzzed units name ever new (phy, size) pairs)."""
+        if len(self._cache) > limit:
+            self._cache.clear()
+
     def record_at(self, phy: int, expect: int | None, cq_path: str | None = None,
                   cq_pos: int | None = None) -> Record:
         """Structurally valid record at physical offset ``phy`` or ModelError naming the file."""

@@ -1,0 +1,154 @@
+"""Write the seed corpora of the fuzz targets (generated at test time; nothing binary is kept).
+
+    python tests/fuzz/make_corpus.py OUTDIR      # -> OUTDIR/record/*, OUTDIR/queue/*
+
+Seeds are valid inputs built from valid records: V1 and V2 (140-character topic), IPv6 and
+IPv4-mapped hosts, compressed bodies (legacy zlib flag and 5.x type bits), properties with a
+trailing separator, duplicates and non-ASCII text, KEYS/UNIQ_KEY, "Aa"/"BB" (same tag hash), a
+bad BODYCRC, invalid UTF-8, BLANK file ends, pre-blank units, and header variations (filters,
+max_rows/max_bytes, CommitLog base, raw arguments). Each seed is a 16-byte header
+(``fuzz_harness.Knobs``) followed by the target's payload.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fuzz_harness as fh  # noqa: E402  (sibling module, not a package)
+from fuzz_harness import (F_CL_BASE, F_EXTRA, F_FILTER, F_PREBLANK, F_RAW_ARGS,  # noqa: E402
+                          F_SMALL_BYTES, F_TAGS, F_VERIFY_CRC, Knobs)
+
+ALL_TAGS = 0b11111
+
+
+def knobs(flags: int = 0, rows: int = 0xFF, size: int = 0, misc: int = 0x02, u32: int = 0,
+          raw: int = 0) -> bytes:
+    """Header bytes; defaults: max_rows 65536, scan from offset 0 to one past the last unit."""
+    return Knobs(flags, rows, size, misc, u32, raw).pack()
+
+
+def _size_sel(fs: int, n_raw: int = 0) -> int:
+    return (fs.bit_length() - 8) | (n_raw << 4)     # fs = 128 << (sel & 7)
+
+
+def _cl(records: list[bytes], fs: int) -> bytes:
+    """CommitLog bytes of the record target: files laid out as the broker does, the last file
+    cut after its data (the harness pads nothing)."""
+    files, placed = fh.layout_records(records, fs)
+    end = placed[-1][0] + placed[-1][1] if placed else 0
+    return b"".join(files)[:end]
+
+
+def record_seeds() -> dict[str, bytes]:
+    recs = fh.crafted_records()
+    fixture = fh.fixture_records()
+    v1, tag_b, untagged, v2, v6, mapped, zlib_legacy, zlib_type, props, many, keys, bad_crc, \
+        bad_utf8 = recs
+    seeds = {
+        "v1_basic": knobs(size=_size_sel(1024)) + _cl([v1, tag_b, untagged], 1024),
+        "v2_long_topic": knobs(size=_size_sel(512)) + _cl([v2, v1], 512),
+        "ipv6_hosts": knobs(size=_size_sel(512)) + _cl([v6, mapped], 512),
+        "compressed": knobs(size=_size_sel(1024)) + _cl([zlib_legacy, zlib_type], 1024),
+        "properties_trailing_sep": knobs(size=_size_sel(1024)) + _cl([props, keys, v2], 1024),
+        "many_properties": knobs(size=_size_sel(1024)) + _cl([many], 1024),
+        # records fill 256-byte files: BLANK ends, next file, preallocated zero file
+        "blank_multi_file": knobs(F_EXTRA, size=_size_sel(256)) + _cl([v1, tag_b, untagged, v1],
+                                                                       256),
+        "filter_aa_bb": knobs(F_FILTER | F_TAGS, size=_size_sel(512), u32=0b00100) +
+        _cl([v6, mapped, v1], 512),
+        "filter_codes_only": knobs(F_FILTER, size=_size_sel(1024), u32=0b00101) +
+        _cl([v1, tag_b, v6, mapped, props], 1024),
+        "filter_many_codes": knobs(F_FILTER, size=_size_sel(1024), u32=ALL_TAGS, misc=0xC2,
+                                   raw=0x1234_5678_9ABC) + _cl([v1, tag_b, untagged], 1024),
+        "verify_crc": knobs(F_VERIFY_CRC, size=_size_sel(512)) + _cl([v1, bad_crc], 512),
+        "bad_utf8": knobs(size=_size_sel(512)) + _cl([v1, bad_utf8], 512),
+        "max_rows_1": knobs(rows=0, size=_size_sel(1024)) + _cl([v1, tag_b, untagged], 1024),
+        "small_max_bytes": knobs(F_SMALL_BYTES, size=_size_sel(1024), u32=40 << 5) +
+        _cl([v1, tag_b, zlib_legacy, untagged], 1024),
+        "cl_base_preblank": knobs(F_CL_BASE | F_PREBLANK, size=_size_sel(512, 2)) +
+        struct.pack(">qiq", 0, 120, 0) + struct.pack(">qiq", 1 << 40, 100, 0) +
+        _cl([v1, untagged], 512),
+        "raw_units": knobs(size=_size_sel(512, 4)) +
+        struct.pack(">qiq", 4, 100, 0) +                 # inside a record
+        struct.pack(">qiq", 0, 7, 0) +                   # wrong size
+        struct.pack(">qiq", 1 << 33, 100, 65) +          # beyond the CommitLog
+        struct.pack(">qiq", -1, 0, 0) +                  # unwritten
+        _cl([v1, tag_b], 512),
+        "raw_args": knobs(F_RAW_ARGS, size=_size_sel(512), u32=0x0040_2010, raw=0x7FFF_0002) +
+        _cl([v1, tag_b], 512),
+        "lookup_window": knobs(size=_size_sel(1024), misc=0x0B, u32=3 << 17) +
+        _cl([v1, tag_b, untagged, v6], 1024),
+        "empty": knobs(rows=1),
+    }
+    if fixture:
+        seeds["fixture_4_9_3"] = knobs(size=_size_sel(4096)) + _cl(fixture, 4096)
+    return seeds
+
+
+def queue_seeds() -> dict[str, bytes]:
+    _files, units = fh.fixed_commitlog()
+    # the last two records are corrupt (BODYCRC, UTF-8): most seeds stop before them
+    valid = b"".join(fh.UNIT.pack(*u) for u in units[:-2])
+    with_bad_crc = b"".join(fh.UNIT.pack(*u) for u in units[:-1])
+    with_bad_utf8 = valid + fh.UNIT.pack(*units[-1])
+    pre = fh.UNIT.pack(0, 0x7FFFFFFF, 0) * 3
+    p0, s0, c0 = units[0]
+    p1, s1, _ = units[1]
+    odd = b"".join([
+        fh.UNIT.pack(p0 + 4, s0, c0),                      # inside a record
+        fh.UNIT.pack(p0, s0 + 1, c0),                      # size mismatch
+        fh.UNIT.pack(fh.QUEUE_CL_FILE_SIZE - 8, 8, 0),     # near a file end
+        fh.UNIT.pack(1 << 40, s1, 0),                      # beyond the CommitLog
+        fh.UNIT.pack(p1, s1, 0),
+    ])
+    per_file_4 = 3                                         # 4 units per ConsumeQueue file
+    seeds = {
+        "all_units": knobs(size=15) + valid,
+        "all_units_small_files": knobs(size=per_file_4) + valid,
+        "preblank_then_units": knobs(size=15) + pre + valid,
+        "trailing_zero_units": knobs(size=15) + valid + bytes(60),
+        "odd_units": knobs(size=15) + odd,
+        "filter_tags": knobs(F_FILTER | F_TAGS, size=15, u32=0b01101) + valid,
+        "filter_codes": knobs(F_FILTER, size=per_file_4, u32=0b00110) + valid,
+        "filter_many_codes": knobs(F_FILTER, size=15, u32=ALL_TAGS, misc=0xC2, raw=99) + valid,
+        "verify_crc": knobs(F_VERIFY_CRC, size=15) + with_bad_crc,
+        "bad_crc_unchecked": knobs(size=15) + with_bad_crc,
+        "bad_utf8": knobs(size=15) + with_bad_utf8,
+        "cl_gone": knobs(F_CL_BASE, size=15) + valid,
+        "short_middle_file": knobs(F_PREBLANK, size=per_file_4, misc=0x12) + valid,
+        "cq_starts_later": knobs(F_EXTRA, size=per_file_4 | 0x10) + valid,
+        # more rows than a batch's first allocation (64 + 8): row buffers must grow
+        "many_rows": knobs(size=15) + valid * 7,
+        "many_rows_filtered": knobs(F_FILTER, size=15, u32=0b11111) + valid * 7,
+        "max_rows_2": knobs(rows=1, size=15) + valid,
+        "small_max_bytes": knobs(F_SMALL_BYTES, size=15, u32=300 << 5) + valid,
+        "raw_args": knobs(F_RAW_ARGS, size=15, u32=0x0100_0830, raw=0x0000_1000_0000_8004) +
+        valid,
+        "lookup_window": knobs(size=15, misc=0x09, u32=5 << 17) + valid,
+    }
+    return seeds
+
+
+def write(outdir: str | os.PathLike) -> dict[str, Path]:
+    """Write both corpora; returns {target: folder}. File names are content hashes."""
+    out = {}
+    for target, seeds in (("record", record_seeds()), ("queue", queue_seeds())):
+        folder = Path(outdir) / target
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in seeds.items():
+            digest = hashlib.sha1(data).hexdigest()[:12]
+            (folder / f"seed-{name}-{digest}").write_bytes(data)
+        out[target] = folder
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/fuzz/make_corpus.py OUTDIR")
+    for target, folder in write(sys.argv[1]).items():
+        print(f"{target}: {len(os.listdir(folder))} seeds in {folder}")
