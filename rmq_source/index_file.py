@@ -111,16 +111,21 @@ class IndexFile:
         try:
             with open(path, "rb") as f:
                 self.size = os.fstat(f.fileno()).st_size
-                if self.size < HEADER_SIZE:
-                    raise RmqStoreLayoutError(
-                        f"index file {path} has {self.size} bytes, less than its 40-byte header")
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if self.size >= HEADER_SIZE:
+                    self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except FileNotFoundError as exc:
             raise RmqStoreLayoutError(f"index file {path} disappeared: {exc}") from exc
         except OSError as exc:
             raise RmqStoreIOError(f"cannot map index file {path}: {exc}") from exc
-        self.header = IndexHeader(*_HEADER.unpack_from(self._mm, 0))
-        self.geometry, self.geometry_source = self._geometry(hash_slots, index_num, known)
+        if self.size < HEADER_SIZE:
+            raise RmqStoreLayoutError(
+                f"index file {path} has {self.size} bytes, less than its 40-byte header")
+        try:
+            self.header = IndexHeader(*_HEADER.unpack_from(self._mm, 0))
+            self.geometry, self.geometry_source = self._geometry(hash_slots, index_num, known)
+        except BaseException:
+            self._mm.close()
+            raise
 
     # -- geometry -------------------------------------------------------------------------------
 
@@ -253,10 +258,12 @@ class IndexFile:
         """Physical offsets of the entries with ``key_hash``, newest first (unverified)."""
         if self.geometry is None:
             return []
-        s, _ = self.geometry
-        ic = self.header.index_count
+        s, n = self.geometry
+        if self.header.index_count <= 1:
+            return []
+        ic = min(self.header.index_count, n - 1)    # entry numbers stay inside the file
         (i,) = struct.unpack_from(">i", self._mm, HEADER_SIZE + SLOT_SIZE * (key_hash % s))
-        if i <= 0 or i > ic or ic <= 1:
+        if i <= 0 or i > ic:
             return []
         out, steps = [], 0
         while True:

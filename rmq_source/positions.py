@@ -46,27 +46,36 @@ def _json_offset(table: Mapping[MessageQueue, int], mq: MessageQueue, option: st
             "queue read by the query must be listed (-2 = earliest, -1 = latest)") from None
 
 
+def _resolve(catalog: StoreCatalog, mqs: list[MessageQueue], timestamp: int | None, spec,
+             option: str, named) -> dict[MessageQueue, int]:
+    """Per queue: ``timestamp`` if given, else the JSON offsets ``spec``, else ``named(mq, info)``."""
+    infos = catalog.infos(mqs)
+    out: dict[MessageQueue, int] = {}
+    for mq in mqs:
+        if timestamp is not None:
+            out[mq] = catalog.offset_for_timestamp(mq, timestamp)
+        elif isinstance(spec, Mapping):
+            out[mq] = _explicit(mq, _json_offset(spec, mq, option), infos[mq])
+        else:
+            out[mq] = named(mq, infos[mq])
+    return out
+
+
 def starting_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts, group_store=None
                      ) -> dict[MessageQueue, int]:
     """The first offset to read in each queue for a new query (see module docstring)."""
-    infos = catalog.infos(mqs)
-    out: dict[MessageQueue, int] = {}
     spec = opts.starting_offsets
-    for mq in mqs:
-        info = infos[mq]
-        if opts.starting_timestamp is not None:
-            out[mq] = catalog.offset_for_timestamp(mq, opts.starting_timestamp)
-        elif isinstance(spec, Mapping):
-            out[mq] = _explicit(mq, _json_offset(spec, mq, "startingOffsets"), info)
-        elif spec == "earliest":
-            out[mq] = info.min_offset
-        elif spec == "latest":
-            out[mq] = info.max_offset
-        elif spec == "group":
-            out[mq] = group_start(catalog, mq, info, opts, group_store)
-        else:
-            raise RmqOptionError(f"option startingOffsets: unsupported value {spec!r}")
-    return out
+
+    def named(mq: MessageQueue, info: QueueInfo) -> int:
+        if spec == "earliest":
+            return info.min_offset
+        if spec == "latest":
+            return info.max_offset
+        if spec == "group":
+            return group_start(catalog, mq, info, opts, group_store)
+        raise RmqOptionError(f"option startingOffsets: unsupported value {spec!r}")
+
+    return _resolve(catalog, mqs, opts.starting_timestamp, spec, "startingOffsets", named)
 
 
 def group_start(catalog: StoreCatalog, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
@@ -85,19 +94,9 @@ def group_start(catalog: StoreCatalog, mq: MessageQueue, info: QueueInfo, opts, 
 
 
 def ending_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts) -> dict[MessageQueue, int]:
-    """The exclusive end of a batch read in each queue."""
-    infos = catalog.infos(mqs)
-    out: dict[MessageQueue, int] = {}
-    spec = opts.ending_offsets
-    for mq in mqs:
-        info = infos[mq]
-        if opts.ending_timestamp is not None:
-            out[mq] = catalog.offset_for_timestamp(mq, opts.ending_timestamp)
-        elif isinstance(spec, Mapping):
-            out[mq] = _explicit(mq, _json_offset(spec, mq, "endingOffsets"), info)
-        else:
-            out[mq] = info.max_offset
-    return out
+    """The exclusive end of a batch read in each queue (``latest`` = the max offset)."""
+    return _resolve(catalog, mqs, opts.ending_timestamp, opts.ending_offsets, "endingOffsets",
+                    lambda mq, info: info.max_offset)
 
 
 def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data_loss: bool) -> int:

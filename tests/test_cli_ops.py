@@ -162,6 +162,20 @@ def test_reset_and_lag_share_a_custom_offset_store(written, tmp_path):
     assert lag_table(root) == {}                              # the default store knows nothing
 
 
+def test_lag_skips_topics_that_left_the_store(written):
+    from rmq_source.allocation import MessageQueue
+    from rmq_source.offset_store import GroupOffsetStore
+    root, _ = written
+    offsets = GroupOffsetStore(root / "rmq_source_offsets", GROUP)
+    offsets.update_offset(MessageQueue("Gone", "broker-a", 0), 5)
+    offsets.update_offset(MessageQueue("OrderTopic", "broker-a", 1), 4)
+    offsets.persist()
+    out = ok("lag", root, "--group", GROUP, "--json")
+    assert [(r["topic"], r["queueId"], r["consumerOffset"]) for r in json_lines(out.stdout)] == [
+        ("OrderTopic", 0, -1), ("OrderTopic", 1, 4), ("OrderTopic", 2, -1)]
+    assert "note:" in out.stderr and "'Gone'" in out.stderr and "skipped" in out.stderr
+
+
 def test_reset_on_the_fixture_overrides_the_brokers_offsets(fixture_copy):
     broker_file = fixture_copy / "config" / "consumerOffset.json"
     original = broker_file.read_bytes()

@@ -1,0 +1,95 @@
+"""A streaming query from a store into a parquet sink with a checkpoint, in its own process.
+
+``python stream_query.py --store S --sink DIR --checkpoint DIR [--trigger 500|availableNow]
+[--max-per-trigger N] [--sleep-per-task SECONDS] [--timeout SECONDS]``
+
+The query reads every queue of ``--topic`` from the earliest offset (a restarted query resumes
+from its checkpoint). ``--sleep-per-task`` passes each task's rows through ``mapInArrow`` with a
+pause first, so a micro-batch stays in flight long enough for a test to kill the process in the
+middle of it (the rows themselves are passed on unchanged). A processing-time query runs until the
+process is killed; an availableNow query exits 0 when it finished, 1 when it failed.
+Prints one line per event to stdout ("started", "progress <batchId> <numInputRows>", "done").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--sink", required=True)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--topic", default="FaultTopic")
+    ap.add_argument("--trigger", default="500")
+    ap.add_argument("--max-per-trigger", type=int, default=0)
+    ap.add_argument("--sleep-per-task", type=float, default=0.0)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from rmq_source import RocketMQDataSource
+
+    spark = (SparkSession.builder.master("local[2]").appName("rmq-fault-stream")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.memory", "1g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(RocketMQDataSource)
+
+    reader = (spark.readStream.format("rmq").option("storePath", args.store)
+              .option("topic", args.topic).option("startingOffsets", "earliest"))
+    if args.max_per_trigger:
+        reader = reader.option("maxMessagesPerTrigger", str(args.max_per_trigger))
+    df = reader.load()
+    pause = args.sleep_per_task
+
+    def slow_identity(batches):
+        time.sleep(pause)
+        yield from batches
+
+    df = df.mapInArrow(slow_identity, df.schema)
+    writer = (df.writeStream.format("parquet").option("path", args.sink)
+              .option("checkpointLocation", args.checkpoint))
+    if args.trigger == "availableNow":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{int(args.trigger)} milliseconds")
+    query = writer.start()
+    print("started", flush=True)
+    if args.trigger == "availableNow":
+        try:
+            finished = query.awaitTermination(args.timeout)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller through the exit code
+            print(f"failed: {exc}", flush=True)
+            return 1
+        for p in query.recentProgress:
+            print(f"progress {p['batchId']} {p['numInputRows']}", flush=True)
+        if not finished:
+            print("timeout", flush=True)
+            query.stop()
+            return 1
+        print("done", flush=True)
+        spark.stop()
+        return 0
+    seen = -1
+    while True:   # until killed
+        query.awaitTermination(0.5)
+        if query.exception() is not None:
+            print(f"failed: {query.exception()}", flush=True)
+            return 1
+        for p in query.recentProgress:
+            if p["batchId"] > seen:
+                seen = p["batchId"]
+                print(f"progress {p['batchId']} {p['numInputRows']}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
