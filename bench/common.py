@@ -154,13 +154,61 @@ def best_of(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
 def interleaved_best(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
     """Run every case once per round, ``repeat`` rounds (A B A B ...), so background load on a
     shared machine hits every case alike; {name: seconds of each round}."""
-    out: dict[str, list[float]] = {name: [] for name in cases}
+    return {k: [w for w, _ in v] for k, v in interleaved_runs(cases, repeat).items()}
+
+
+def interleaved_runs(cases: dict[str, Callable[[], object]], repeat: int,
+                     cpu: Callable[[], float] = time.process_time
+                     ) -> dict[str, list[tuple[float, float]]]:
+    """As :func:`interleaved_best`, recording (wall seconds, CPU seconds) of each round; ``cpu``
+    reads a CPU-seconds counter (default: this process)."""
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for _ in range(repeat):
         for name, fn in cases.items():
-            t0 = time.perf_counter()
+            c0, t0 = cpu(), time.perf_counter()
             fn()
-            out[name].append(time.perf_counter() - t0)
+            out[name].append((time.perf_counter() - t0, cpu() - c0))
     return out
+
+
+# ------------------------------------------------------------------------------------ CPU time
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu_seconds(root_pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``root_pid``, its live descendants and the
+    children they have reaped (Linux /proc). Spark's JVM forks the Python daemon, which forks
+    the workers, so this is the CPU cost of a local Spark job apart from the driver's Python
+    process. A process that ends between two readings without being reaped is missed, so compare
+    readings taken while the session is up."""
+    parent: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        times[pid] = sum(int(x) for x in fields[11:15]) / _TICK   # utime stime cutime cstime
+    total = 0.0
+    for pid, t in times.items():
+        p = pid
+        while p > 1 and p != root_pid:
+            p = parent.get(p, 0)
+        if p == root_pid:
+            total += t
+    return total
+
+
+def jvm_pid(spark) -> int:
+    """Process id of the local session's JVM (started by PySpark's gateway)."""
+    return spark.sparkContext._gateway.proc.pid
 
 
 # ------------------------------------------------------------------------------------ Spark

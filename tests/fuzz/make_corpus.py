@@ -74,8 +74,8 @@ def record_seeds() -> dict[str, bytes]:
         struct.pack(">qiq", 0, 120, 0) + struct.pack(">qiq", 1 << 40, 100, 0) +
         _cl([v1, untagged], 512),
         "raw_units": knobs(size=_size_sel(512, 4)) +
-        struct.pack(">qiq", 4, 100, 0) +                 # inside a record
         struct.pack(">qiq", 0, 7, 0) +                   # wrong size
+        struct.pack(">qiq", 4, 100, 0) +                 # inside a record
         struct.pack(">qiq", 1 << 33, 100, 65) +          # beyond the CommitLog
         struct.pack(">qiq", -1, 0, 0) +                  # unwritten
         _cl([v1, tag_b], 512),
@@ -113,6 +113,7 @@ def queue_seeds() -> dict[str, bytes]:
         "preblank_then_units": knobs(size=15) + pre + valid,
         "trailing_zero_units": knobs(size=15) + valid + bytes(60),
         "odd_units": knobs(size=15) + odd,
+        "size_mismatch": knobs(size=15) + valid[:40] + fh.UNIT.pack(p1, s1 - 1, 0),
         "filter_tags": knobs(F_FILTER | F_TAGS, size=15, u32=0b01101) + valid,
         "filter_codes": knobs(F_FILTER, size=per_file_4, u32=0b00110) + valid,
         "filter_many_codes": knobs(F_FILTER, size=15, u32=ALL_TAGS, misc=0xC2, raw=99) + valid,

@@ -65,17 +65,18 @@ def libasan() -> str:
     return os.path.realpath(out)
 
 
-def asan_module(build_root: Path) -> Path:
-    """Folder holding _rmq_native_asan built from the current sources (cached by their hash)."""
+def asan_module(build_root: Path, native_dir: Path = NATIVE) -> Path:
+    """Folder holding _rmq_native_asan built from the sources in ``native_dir`` (cached by their
+    hash)."""
     digest = hashlib.sha1()
     for name in ("rmq_core.c", "rmq_core.h", "_build.py", "asan_build.py"):
-        digest.update((NATIVE / name).read_bytes())
+        digest.update((native_dir / name).read_bytes())
     out = build_root / f"asan-{digest.hexdigest()[:12]}"
     if any(out.glob("_rmq_native_asan*.so")):
         return out
     out.mkdir(parents=True, exist_ok=True)
-    log(f"building the ASan variant of the C core in {out}")
-    proc = subprocess.run([sys.executable, str(NATIVE / "asan_build.py"), str(out)],
+    log(f"building the ASan variant of the C core from {native_dir} in {out}")
+    proc = subprocess.run([sys.executable, str(native_dir / "asan_build.py"), str(out)],
                           capture_output=True, text=True, cwd=out)
     if proc.returncode != 0 or not any(out.glob("_rmq_native_asan*.so")):
         raise SetupError("native/asan_build.py failed:\n" + proc.stdout[-2000:] +
@@ -165,7 +166,7 @@ def run_target(target: str, args, env: dict, seeds: Path, workdir: Path) -> dict
     logfile.parent.mkdir(parents=True, exist_ok=True)
     before = set(artifacts_of(artifacts))
     cmd = [sys.executable, str(HERE / "fuzz_target.py"), target, str(corpus), str(seeds / target),
-           f"-max_total_time={args.seconds}", f"-max_len={MAX_LEN[target]}",
+           f"-max_total_time={args.seconds}", f"-max_len={args.max_len or MAX_LEN[target]}",
            f"-timeout={args.unit_timeout}", f"-rss_limit_mb={args.rss_limit_mb}",
            f"-artifact_prefix={artifacts}{os.sep}", "-print_final_stats=1"]
     if args.runs is not None:
@@ -238,6 +239,11 @@ def parse_args(argv=None):
                    help=f"build cache, corpus, artifacts, logs (default {DEFAULT_WORKDIR})")
     p.add_argument("--no-asan", action="store_true",
                    help="use the release build of the C core (faster, finds fewer bugs)")
+    p.add_argument("--native-dir", type=Path, default=NATIVE,
+                   help="build the ASan C core from this copy of native/ (default: the repo's; "
+                        "a copy with a planted bug checks that the fuzzers find it)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help=f"largest input in bytes (default {MAX_LEN})")
     p.add_argument("--unit-timeout", type=int, default=30,
                    help="seconds one input may take before it counts as a hang")
     p.add_argument("--rss-limit-mb", type=int, default=3072)
@@ -269,7 +275,7 @@ def main(argv=None) -> int:
         preload: list[str] = []
         asan_dir = None
         if not args.no_asan:
-            asan_dir = asan_module(workdir / "build")
+            asan_dir = asan_module(workdir / "build", args.native_dir.resolve())
             shim = libfuzzer_shim(workdir / "build")
             if shim is None:
                 log("warning: could not link atheris's libFuzzer into a shared library; Python "
