@@ -25,13 +25,12 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 from .allocation import AllocateMessageQueueAveragely, MessageQueue
 from .catalog import StoreCatalog
 from .errors import RmqLockError
+from .group_session import GroupSession
+from .offset_store import ReadOffsetType
 from .offsets import from_json_dict, to_json_dict
-from .partition_reader import build_partitions, read_partition
+from .partition_reader import LockSpec, build_partitions, read_partition
 from .planner import QueueRange, plan_tasks, share_limit, unallocated
 from .positions import check_data_loss, starting_offsets
-from .group_session import GroupSession
-from .partition_reader import LockSpec
-from .offset_store import ReadOffsetType
 from .query import discover_queues, open_group_store, strategy_of
 
 
