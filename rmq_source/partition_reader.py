@@ -12,6 +12,7 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from .allocation import MessageQueue
 from .catalog import open_store
 from .errors import RmqDataLossError
 
@@ -69,9 +70,9 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
         store = open_store(r.store_path, r.broker_name)
 
         def on_loss(first_lost: int, readable: int, r: RangeSpec = r) -> None:
-            msg = (f"queue {r.topic}/{r.broker_name}/{r.queue_id}: offsets [{first_lost}, {readable}) "
-                   f"({readable - first_lost} messages) were deleted by retention while the batch "
-                   "was planned")
+            msg = (f"{MessageQueue(r.topic, r.broker_name, r.queue_id)}: offsets [{first_lost}, "
+                   f"{readable}) ({readable - first_lost} messages) were deleted by retention after "
+                   "the batch was planned")
             if part.fail_on_data_loss:
                 raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip them")
             log.warning("%s; skipped (failOnDataLoss=false)", msg)

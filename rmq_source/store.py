@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -25,7 +26,8 @@ import pyarrow as pa
 
 from . import native
 from .bodies import decompress_bodies
-from .errors import RmqDataLossError, RmqOptionError, RmqStoreLayoutError, RmqUnknownTopicError
+from .errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
+                     RmqUnknownTopicError)
 from .schema import ARROW_SCHEMA
 from .subscription import Subscription
 
@@ -34,6 +36,7 @@ _FILE_NAME = re.compile(r"^\d{20}$")
 _CQ_UNIT = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 DEFAULT_BATCH_ROWS = 65536
 DEFAULT_BATCH_BYTES = 64 << 20
+_LISTING_ATTEMPTS = 5
 
 #: Called with (first_lost_offset, first_readable_offset) when retention removed messages of a
 #: range being read; without a callback the read raises :class:`RmqDataLossError`.
@@ -51,12 +54,34 @@ class QueueInfo:
 
 
 def _segment_files(folder: str) -> list[tuple[int, str]]:
-    """Mapped files of a folder as (start offset, path), sorted; other names are ignored."""
+    """Mapped files of a folder as (start offset, path), sorted; other names are ignored.
+
+    What is named like a mapped file must be a regular file: the broker never makes links (one
+    could point at any file of the machine), FIFOs (opening one blocks) or devices.
+    """
     try:
-        names = os.listdir(folder)
+        entries = list(os.scandir(folder))
     except FileNotFoundError:
         return []
-    return sorted((int(n), os.path.join(folder, n)) for n in names if _FILE_NAME.match(n))
+    out = []
+    for e in entries:
+        if not _FILE_NAME.match(e.name):
+            continue
+        if e.is_symlink():
+            raise RmqStoreLayoutError(f"{e.path} is a symlink (to {os.readlink(e.path)}); the store's "
+                                      "mapped files must be regular files inside it")
+        if not e.is_file(follow_symlinks=False) and os.path.lexists(e.path):
+            raise RmqStoreLayoutError(f"{e.path} is not a regular file; refusing to open it")
+        out.append((int(e.name), e.path))
+    return sorted(out)
+
+
+def _check_real_dirs(*paths: str) -> None:
+    """Topic and queue folders are created by the broker: real folders, never symlinks."""
+    for p in paths:
+        if os.path.islink(p):
+            raise RmqStoreLayoutError(f"{p} is a symlink (to {os.readlink(p)}); ConsumeQueue "
+                                      "folders must be real folders inside the store")
 
 
 def _check_subscription(subscription: str | Subscription | None) -> Subscription:
@@ -123,16 +148,32 @@ class Store:
             self._segments.pop(path).close()
 
     def _segments_of(self, folder: str, file_size: int | None, what: str) -> tuple[list, int]:
-        files = _segment_files(folder)
+        """Mapped files of ``folder`` (sorted, consecutive) and the file size.
+
+        A directory listing is not a snapshot (a file created while ``listdir`` runs may be
+        missed) and retention deletes files at any time: a listing with a gap or a file that
+        vanished before it was mapped is made again; only a persistent problem is an error.
+        """
+        for attempt in range(_LISTING_ATTEMPTS):
+            try:
+                return self._map_listing(folder, _segment_files(folder), file_size, what)
+            except FileNotFoundError:   # includes RmqStoreLayoutError
+                if attempt == _LISTING_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.002 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _map_listing(self, folder: str, files: list[tuple[int, str]], file_size: int | None,
+                     what: str) -> tuple[list, int]:
         self._forget_missing(folder, {p for _, p in files})
         if not files:
             return [], file_size or 0
         if file_size is None:
-            sizes = [os.path.getsize(p) for _, p in files]
+            # A zero-length file is one being created (opened, not yet sized): nothing to read.
+            sizes = [s for s in (os.path.getsize(p) for _, p in files) if s > 0]
+            if not sizes:
+                return [], 0
             file_size = sizes[0]
-            if file_size <= 0:
-                raise RmqStoreLayoutError(
-                    f"cannot infer the {what} file size: {files[0][1]} is empty; pass it explicitly")
         for (a, pa_), (b, _) in zip(files, files[1:]):
             if b - a != file_size:
                 raise RmqStoreLayoutError(
@@ -153,6 +194,8 @@ class Store:
         return os.path.join(self.root, "consumequeue", topic, str(queue_id))
 
     def _cq(self, topic: str, queue_id: int) -> tuple[list, int]:
+        folder = self._queue_dir(topic, queue_id)
+        _check_real_dirs(os.path.dirname(folder), folder)
         with self._lock:
             segs, size = self._segments_of(self._queue_dir(topic, queue_id), self._cq_file_size,
                                            f"ConsumeQueue {topic}/{queue_id}")
@@ -198,6 +241,10 @@ class Store:
     def max_offset(self, topic: str, queue_id: int) -> int:
         """Next queue offset to be written (one past the last valid ConsumeQueue unit)."""
         segs, _ = self._cq(topic, queue_id)
+        return self._max_of(segs)
+
+    @staticmethod
+    def _max_of(segs: list) -> int:
         if not segs:
             return 0
         last = segs[-1]
@@ -261,25 +308,49 @@ class Store:
         pos = start
         while pos < end:
             segs, cq_size = self._cq(topic, queue_id)
-            cl = self.commitlog()
-            min_off = self._min_offset(segs, cl.min_offset) if segs else 0
             if not segs:
                 return
+            # Units are written after their record: every unit below this end points into a
+            # CommitLog file that already exists when the CommitLog is listed next.
+            written = self._max_of(segs)
+            cl = self.commitlog()
+            min_off = self._min_offset(segs, cl.min_offset)
             if pos < min_off:
-                self._data_loss(topic, queue_id, pos, min(min_off, end), on_data_loss)
+                # report everything lost from pos (the callback's contract), read on from min
+                self._data_loss(topic, queue_id, pos, min_off, on_data_loss)
                 pos = min(min_off, end)
                 continue
-            res = native.scan_queue(cl, segs, cq_size, pos, end, codes=codes, tags=tags,
+            stop = min(end, written)
+            if pos >= stop:
+                return
+            res = native.scan_queue(cl, segs, cq_size, pos, stop, codes=codes, tags=tags,
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc)
             if res.batch.num_rows:
                 yield self._finish(topic, queue_id, res.batch)
             if res.status == "CL_GONE":
-                # Retention removed the record between listing and scanning: recompute min.
-                pos = res.next_offset
-                continue
-            if res.status in ("END", "CQ_END") or res.next_offset <= pos:
+                # cl is one listing and min_off comes from it; units point to growing physical
+                # offsets, so a unit at or above min_off that points below the CommitLog min is
+                # damage, not retention (retrying would spin forever).
+                raise self._bad_unit(topic, queue_id, segs, res.next_offset,
+                                     f"points below the CommitLog min offset {cl.min_offset} "
+                                     "although earlier units point above it")
+            if res.status == "CQ_END":
+                # every unit below ``written`` was valid when it was computed and units are never
+                # unwritten: an invalid one before it is damage, not the live edge
+                raise self._bad_unit(topic, queue_id, segs, res.next_offset,
+                                     "is not a valid unit although later units are")
+            if res.next_offset <= pos:
                 return
             pos = res.next_offset
+
+    @staticmethod
+    def _bad_unit(topic: str, queue_id: int, segs: list, offset: int, what: str):
+        addr = offset * CQ_UNIT_SIZE
+        seg = next(s for s in reversed(segs) if s.file_start <= addr)
+        pos = addr - seg.file_start
+        return RmqCorruptStoreError(
+            f"BAD_UNIT: ConsumeQueue {topic}/{queue_id}: the unit at queue offset {offset} {what} "
+            f"(file {seg.path}, position {pos})", path=seg.path, position=pos, code="BAD_UNIT")
 
     def _data_loss(self, topic: str, queue_id: int, lost_from: int, readable: int,
                    callback: DataLossCallback | None) -> None:
@@ -310,8 +381,18 @@ class Store:
         columns[ARROW_SCHEMA.get_field_index("queueId")] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
         body_idx = ARROW_SCHEMA.get_field_index("body")
         flags = columns[ARROW_SCHEMA.get_field_index("sysFlag")]
-        columns[body_idx] = decompress_bodies(
-            columns[body_idx], flags, columns[ARROW_SCHEMA.get_field_index("commitLogOffset")])
+        try:
+            columns[body_idx] = decompress_bodies(
+                columns[body_idx], flags, columns[ARROW_SCHEMA.get_field_index("commitLogOffset")])
+        except RmqCorruptStoreError as exc:
+            if exc.path is not None or exc.position is None or not self._cl_file_size:
+                raise
+            # decompress_bodies reports the record's physical offset: name its file and position
+            start = exc.position - exc.position % self._cl_file_size
+            path = os.path.join(self.root, "commitlog", f"{start:020d}")
+            raise RmqCorruptStoreError(f"{exc} (file {path}, position {exc.position - start})",
+                                       path=path, position=exc.position - start,
+                                       code=exc.code) from exc
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
     def _unit_sizes(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:

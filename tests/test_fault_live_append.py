@@ -4,7 +4,8 @@ retention deleting the oldest files at the same time.
 A writer subprocess (fault_helpers/append_writer.py) appends as fast as a steady rate allows into
 tiny mapped files (16 KiB CommitLog files, 32-unit ConsumeQueue files), mixing single sends, batch
 sends and compressed bodies. Meanwhile this process reads every queue over and over (its live
-tail ``[max - 30, max + 50)``, and every fifth time all of ``[min, max + 50)``), alternately through the public :class:`Store` API and through the C scanner directly
+tail ``[max - 30, max + 50)``, and every fifth time all of ``[min, max + 50)``), alternately
+through the public :class:`Store` API and through the C scanner directly
 (:mod:`rmq_source.native`, files mapped fresh each time). Every row must be exactly the message the
 writer put at that queue offset (the payload is a function of the offset, so a partial or stale
 record cannot pass), offsets must be contiguous, and no read may fail. After the writer exits, every
@@ -22,9 +23,11 @@ from pathlib import Path
 import pytest
 
 from fault_helpers import procs
-from fault_helpers.payload import check_row
+from fault_helpers.payload import body_for, check_row, props_for, tags_for
 from rmq_source import native
+from rmq_source.errors import RmqCorruptStoreError, RmqStoreLayoutError
 from rmq_source.store import Store
+from rmq_source.writer import StoreWriter
 
 TOPIC = "FaultTopic"
 CL_SIZE = 16 * 1024     # tiny files: the CommitLog rolls ~30 times a second
@@ -203,47 +206,75 @@ def test_reads_while_another_process_appends(tmp_path, retention):
 # point where it bites: a directory listing taken, then the writer (in this process) rolls,
 # appends or deletes files before the reader uses that listing.
 
-def _store_with_writer(tmp_path, count=120):
-    from rmq_source.writer import StoreWriter
+def _store_with_writer(tmp_path, count=120) -> StoreWriter:
+    """An open writer (1 queue, 16 KiB CommitLog files) that has appended ``count`` messages."""
     w = StoreWriter(tmp_path / "store", commitlog_file_size=CL_SIZE, cq_units_per_file=1000)
     w.create_topic(TOPIC, 1)
-    for _ in range(count):
-        off = w.next_offset(TOPIC, 0)
-        from fault_helpers.payload import body_for, props_for, tags_for
-        w.append(TOPIC, body_for(TOPIC, 0, off), queue_id=0, tags=tags_for(off),
-                 properties=props_for(TOPIC, 0, off))
+    _append(w, count)
     return w
 
 
-def _append(w, count):
-    from fault_helpers.payload import body_for, props_for, tags_for
+def _append(w: StoreWriter, count: int) -> None:
     for _ in range(count):
         off = w.next_offset(TOPIC, 0)
         w.append(TOPIC, body_for(TOPIC, 0, off), queue_id=0, tags=tags_for(off),
                  properties=props_for(TOPIC, 0, off))
 
 
+class _Listing:
+    """What ``os.scandir`` returns, over entries already read (usable with ``with`` too)."""
+
+    def __init__(self, entries):
+        self._it = iter(entries)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._it)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        pass
+
+
 def _after_listing(monkeypatch, folder: Path, action):
-    """The next ``os.listdir(folder)`` returns its result only after ``action(names)`` ran;
-    ``action`` may also return a replacement listing (a listing that missed a file)."""
-    real = os.listdir
+    """The next listing of ``folder`` (``os.listdir`` or ``os.scandir``) is returned only after
+    ``action(names)`` ran; ``action`` may return the names to keep (a listing that missed a file)."""
+    real_listdir, real_scandir = os.listdir, os.scandir
     state = {"done": False}
 
+    def hit(path) -> bool:
+        if state["done"] or os.path.abspath(path) != str(folder):
+            return False
+        state["done"] = True
+        return True
+
     def listdir(path="."):
-        names = real(path)
-        if not state["done"] and os.path.abspath(path) == str(folder):
-            state["done"] = True
-            replaced = action(names)
-            if replaced is not None:
-                names = replaced
+        names = real_listdir(path)
+        if hit(path):
+            keep = action(list(names))
+            names = [n for n in names if keep is None or n in keep]
         return names
 
+    def scandir(path="."):
+        with real_scandir(path) as it:
+            entries = list(it)
+        if hit(path):
+            keep = action([e.name for e in entries])
+            entries = [e for e in entries if keep is None or e.name in keep]
+        return _Listing(entries)
+
     monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
     return state
 
 
-@pytest.mark.xfail(strict=True, reason="B2 (docs/reliability.md): Store scans units written after "
-                   "it listed the CommitLog -> UNIT_OUT_OF_RANGE")
 def test_units_written_after_the_commitlog_listing_are_not_corruption(tmp_path, monkeypatch):
     w = _store_with_writer(tmp_path)
     try:
@@ -262,8 +293,6 @@ def test_units_written_after_the_commitlog_listing_are_not_corruption(tmp_path, 
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="B3 (docs/reliability.md): a listing that missed a file "
-                   "being created is reported as a layout error instead of being re-made")
 def test_listing_that_missed_a_new_file_is_made_again(tmp_path, monkeypatch):
     w = _store_with_writer(tmp_path)
     try:
@@ -272,34 +301,32 @@ def test_listing_that_missed_a_new_file_is_made_again(tmp_path, monkeypatch):
         assert len(names) >= 4
         # readdir is no snapshot: a file created during the listing may be missed while a file
         # created after it is returned (ext4 lists hashed directories in hash order)
-        _after_listing(monkeypatch, root / "commitlog", lambda n: [x for x in n if x != names[-2]])
         store = Store(root)
+        state = _after_listing(monkeypatch, root / "commitlog",
+                               lambda n: [x for x in n if x != names[-2]])
         got = store.read(TOPIC, 0, 0, w.next_offset(TOPIC, 0))
-        assert got.num_rows == w.next_offset(TOPIC, 0)
+        assert state["done"] and got.num_rows == w.next_offset(TOPIC, 0)
     finally:
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="B1 (docs/reliability.md): a file deleted by retention "
-                   "between listing and mapping escapes as FileNotFoundError")
 def test_file_deleted_between_listing_and_mapping(tmp_path, monkeypatch):
     w = _store_with_writer(tmp_path)
     try:
         root = tmp_path / "store"
         store = Store(root)
         end = w.next_offset(TOPIC, 0)
-        _after_listing(monkeypatch, root / "commitlog",
-                       lambda names: w.delete_oldest_commitlog_files(1) and None)
+        state = _after_listing(monkeypatch, root / "commitlog",
+                               lambda names: w.delete_oldest_commitlog_files(1) and None)
         losses = []
         got = store.read(TOPIC, 0, 0, end, on_data_loss=lambda a, b: losses.append((a, b)))
         first = got.column("queueOffset")[0].as_py()
+        assert state["done"] and first > 0
         assert losses == [(0, first)] and got.num_rows == end - first
     finally:
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="B5 (docs/reliability.md): a queue whose first ConsumeQueue "
-                   "file is being created (still 0 bytes) makes the whole store unreadable")
 def test_new_queue_with_a_file_still_being_created(tmp_path):
     w = _store_with_writer(tmp_path)
     w.close()

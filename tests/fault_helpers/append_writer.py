@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                                          queue_id=qid, tags=tags_for(first),
                                          properties=batch_props(qid, first, n))
             else:
-                compression = "zlib" if args.compress_every and step % args.compress_every == 0 else None
+                compress = args.compress_every and step % args.compress_every == 0
+                compression = "zlib" if compress else None
                 results = [w.append(topic, body_for(topic, qid, first), queue_id=qid,
                                     tags=tags_for(first), keys=[f"k{first}"],
                                     properties=props_for(topic, qid, first), compression=compression)]

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     sc = spark.sparkContext
     deadline = time.monotonic() + 180
     while True:   # the master returns before the workers' executors have registered
-        executors = sorted(str(e) for e in sc._jsc.sc().getExecutorIds())   # non-driver ids
+        ids = sc._jsc.sc().getExecutorIds()   # a Scala Seq of the non-driver executor ids
+        executors = sorted(str(ids.apply(i)) for i in range(ids.size()))
         if len(executors) >= 2 or time.monotonic() > deadline:
             break
         time.sleep(0.5)

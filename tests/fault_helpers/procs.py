@@ -22,8 +22,10 @@ def start(script: str, args: list[str], log_dir: Path, name: str, env: dict | No
     full_env = dict(os.environ)
     full_env["PYSPARK_PYTHON"] = sys.executable
     full_env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "tests")] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
+    paths = [str(REPO), str(REPO / "tests")]
+    if full_env.get("PYTHONPATH"):
+        paths.append(full_env["PYTHONPATH"])
+    full_env["PYTHONPATH"] = os.pathsep.join(paths)
     if env:
         full_env.update(env)
     out = open(log_dir / f"{name}.out", "ab")
@@ -71,8 +73,8 @@ def stop(proc: subprocess.Popen, timeout: float = 60) -> int:
         raise
 
 
-def wait_for(cond: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None,
-             interval: float = 0.05):
+def wait_for(cond: Callable[[], object], timeout: float, what: str,
+             proc: subprocess.Popen | None = None, interval: float = 0.05):
     """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds, or at once
     when ``proc`` exits first."""
     deadline = time.monotonic() + timeout
