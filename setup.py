@@ -18,6 +18,7 @@ setup(
     extras_require={
         "spark": ["pyspark==4.3.*", "pandas>=2,<3", "numpy"],
         "compression": ["lz4>=4", "zstandard>=0.22"],
+        "bench": ["pyspark==4.3.*", "pandas>=2,<3", "matplotlib", "lz4>=4", "zstandard>=0.22"],
         "test": [
             "pyspark==4.3.*", "pandas>=2,<3", "numpy", "lz4>=4", "zstandard>=0.22",
             "pytest>=8", "chispa>=0.10", "hypothesis>=6", "pytest-timeout",

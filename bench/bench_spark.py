@@ -10,7 +10,10 @@
 4. On ``local[2]`` with the ``noop`` sink, full schema, interleaved rounds (ceiling, rmq, ceiling,
    rmq, ...), best of ``--repeat``: the ceiling (a trivial Python data source yielding the
    pre-built batches from memory-mapped Arrow IPC files, same number of partitions) and
-   ``spark.read.format("rmq")``. Target: rmq >= 0.7 x ceiling.
+   ``spark.read.format("rmq")``. Target: rmq >= 0.7 x ceiling. Wall clock and CPU seconds of
+   Spark's whole process tree are both reported (CPU is steadier on a shared machine).
+5. With ``--column-costs``: the ceiling source yielding subsets of the columns, to show what each
+   kind of column costs in Spark (Python data sources get no column pruning).
 
 Rates count every row of the topic; GB/s counts CommitLog record bytes (what the reader consumes;
 bodies are 1 KiB of each ~1.2 KiB record). No assertion: this prints measurements and ratios.
@@ -23,6 +26,7 @@ import argparse
 import time
 
 import common  # noqa: F401  (puts the checkout on sys.path)
+from rmq_source.schema import COLUMN_NAMES
 from common import (DEFAULT_WORKDIR, TOPIC, StoreSpec, ensure_ceiling_files, ensure_store,
                     fmt_rate, interleaved_runs, jvm_pid, print_machine, print_table,
                     register_ceiling_source, spark_session, store_bytes, tree_cpu_seconds,
@@ -43,7 +47,8 @@ def compare_pure_python(store_root, queues: int, per_queue: int, repeat: int) ->
     pure = PurePythonQueueReader(store_root)
     qids = [q.queue_id for q in store.queues([TOPIC]) if q.max_offset > q.min_offset][:queues]
 
-    ours = pa.Table.from_batches([b for q in qids for b in store.iter_batches(TOPIC, q, 0, per_queue)])
+    ours = pa.Table.from_batches([b for q in qids
+                                  for b in store.iter_batches(TOPIC, q, 0, per_queue)])
     theirs = pa.Table.from_batches([pure.decode_queue(TOPIC, q, 0, per_queue) for q in qids])
     if not ours.equals(theirs):
         raise SystemExit("pure-Python decoder and Store.iter_batches disagree; fix the decoder")
@@ -62,11 +67,13 @@ def compare_pure_python(store_root, queues: int, per_queue: int, repeat: int) ->
     runs = interleaved_runs({"Store.iter_batches": run_store, "pure Python": run_pure}, repeat)
     pure.close()
     store.close()
-    return {"rows": rows, **{k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in runs.items()}}
+    best = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in runs.items()}
+    return {"rows": rows, **best}
 
 
 def whole_store_single_thread(store_root, repeat: int) -> tuple[float, float]:
-    """Best (wall, CPU) seconds for Store.iter_batches over every queue of the topic, in this process."""
+    """Best (wall, CPU) seconds for Store.iter_batches over every queue of the topic, in this
+    process."""
     from rmq_source.store import Store
 
     with Store(store_root) as store:
@@ -80,6 +87,34 @@ def whole_store_single_thread(store_root, repeat: int) -> tuple[float, float]:
         return min(w for w, _ in runs), min(c for _, c in runs)
 
 
+COLUMN_SETS = {
+    "all 21 columns": None,
+    "without properties (map)": [c for c in COLUMN_NAMES if c != "properties"],
+    "without properties, keys (map, list)": [c for c in COLUMN_NAMES
+                                             if c not in ("properties", "keys")],
+    "12 columns: no map, list or string": [
+        "queueId", "queueOffset", "commitLogOffset", "storeSize", "body", "bornTimestamp",
+        "storeTimestamp", "sysFlag", "flag", "reconsumeTimes", "bodyCRC",
+        "preparedTransactionOffset"],
+    "4: queueId, queueOffset, storeTimestamp, body": ["queueId", "queueOffset",
+                                                      "storeTimestamp", "body"],
+    "3: queueId, queueOffset, storeTimestamp": ["queueId", "queueOffset", "storeTimestamp"],
+}
+
+
+def column_costs(spark, ceiling_dir, repeat: int, cpu) -> dict:
+    """Ceiling source with column subsets: {name: (best wall s, best CPU s)}. Python data sources
+    get no column pruning from Spark, so every column a reader yields is converted."""
+    def run(cols):
+        reader = spark.read.format("arrow_ceiling").option("path", str(ceiling_dir))
+        if cols is not None:
+            reader = reader.option("columns", ",".join(cols))
+        return lambda: reader.load().write.format("noop").mode("overwrite").save()
+
+    runs = interleaved_runs({name: run(cols) for name, cols in COLUMN_SETS.items()}, repeat, cpu)
+    return {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in runs.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
@@ -90,6 +125,9 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=80_000,
                         help="messages decoded by the pure-Python comparison (spread over queues)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--column-costs", action="store_true",
+                        help="also run the ceiling source with subsets of the columns (what the "
+                             "full schema costs in Spark), about 2 more minutes")
     parser.add_argument("--quick", action="store_true",
                         help="200,000 messages, 2 rounds, 20,000-message subset")
     args = parser.parse_args()
@@ -138,14 +176,17 @@ def main() -> None:
         return lambda: make().write.format("noop").mode("overwrite").save()
 
     pid = jvm_pid(spark)
+    cpu = lambda: tree_cpu_seconds(pid) + time.process_time()  # noqa: E731
     rounds = interleaved_runs({"ceiling": noop(ceiling_df), "rmq": noop(rmq_df)}, args.repeat,
-                              cpu=lambda: tree_cpu_seconds(pid) + time.process_time())
+                              cpu=cpu)
+    costs = column_costs(spark, ceiling_dir, args.repeat, cpu) if args.column_costs else None
     spark.stop()
 
     best = {k: min(w for w, _ in v) for k, v in rounds.items()}
     best_cpu = {k: min(c for _, c in v) for k, v in rounds.items()}
     print()
-    print(f"Spark {args.master}, noop sink, full schema, {msgs:,} rows of {args.body_size} B bodies "
+    print(f"Spark {args.master}, noop sink, full schema, {msgs:,} rows of {args.body_size} B "
+          "bodies "
           f"({rec_bytes / msgs:.0f} B records); best of {args.repeat} interleaved rounds")
     rows = []
     for name, label in (("ceiling", "Arrow ceiling source (pre-built batches)"),
@@ -174,16 +215,25 @@ def main() -> None:
         [f"Store.iter_batches, whole store ({msgs:,})", f"{single[0]:.3f}",
          fmt_rate(msgs / single[0]), f"{single[1]:.3f}", fmt_rate(msgs / single[1])],
     ])
-    print("Ratios (same run):")
     def met(*values, target):
         return " / ".join("yes" if v >= target else "NO" for v in values)
 
+    print("Ratios (same run):")
     print_table(["ratio", "wall clock", "CPU time", "target", "met (wall / CPU)"], [
         ["rmq / Arrow ceiling (Spark rows/s)", f"{ratio_spark:.2f}", f"{ratio_spark_cpu:.2f}",
          f">= {SPARK_TARGET}", met(ratio_spark, ratio_spark_cpu, target=SPARK_TARGET)],
         ["Store.iter_batches / pure Python", f"{ratio_pure:.1f}", f"{ratio_pure_cpu:.1f}",
-         f">= {PURE_PYTHON_TARGET:.0f}", met(ratio_pure, ratio_pure_cpu, target=PURE_PYTHON_TARGET)],
+         f">= {PURE_PYTHON_TARGET:.0f}",
+         met(ratio_pure, ratio_pure_cpu, target=PURE_PYTHON_TARGET)],
     ])
+
+    if costs:
+        full_cpu = costs["all 21 columns"][1]
+        print("Ceiling source by columns yielded (same run; Spark converts every column of a "
+              "Python data source):")
+        print_table(["columns", "best wall s", "rows/s", "rows per CPU s", "CPU cost vs all"], [
+            [name, f"{w:.2f}", fmt_rate(msgs / w), fmt_rate(msgs / c), f"{c / full_cpu:.2f}"]
+            for name, (w, c) in costs.items()])
 
 
 if __name__ == "__main__":

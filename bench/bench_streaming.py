@@ -115,11 +115,15 @@ def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, tr
     seen: list[tuple[int, float]] = []      # (storeTimestamp ms, driver time ms when collected)
     lock = threading.Lock()
 
+    batches: set[int] = set()              # ids of micro-batches that carried rows
+
     def sink(df, batch_id):
         rows = df.selectExpr("unix_millis(storeTimestamp) AS ts").collect()
         now = time.time() * 1000
         with lock:
             seen.extend((r.ts, now) for r in rows)
+            if rows:
+                batches.add(batch_id)
 
     reader = (spark.readStream.format("rmq").option("storePath", str(root)).option("topic", TOPIC)
               .option("startingOffsets", "earliest"))
@@ -133,7 +137,8 @@ def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, tr
     producer = subprocess.Popen(
         [sys.executable, __file__, "--produce", str(root), "--rate", str(rate),
          "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(common.REPO), str(common.BENCH_DIR)])})
+        env={**os.environ,
+             "PYTHONPATH": os.pathsep.join([str(common.REPO), str(common.BENCH_DIR)])})
     started_ms = time.time() * 1000
     out, _ = producer.communicate(timeout=seconds + 120)
     produced = json.loads(out.strip().splitlines()[-1])["produced"]
@@ -153,15 +158,16 @@ def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, tr
     def pct(p):
         return lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))]
 
-    phases: dict[str, list[float]] = {}
+    phases: dict[str, list[float]] = {}       # (recentProgress keeps the last 100 batches)
     for p in progress:
         if p["numInputRows"]:
             for k, v in p["durationMs"].items():
                 phases.setdefault(k, []).append(v)
     return {"produced": produced, "received": len(got), "counted": len(lat),
-            "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": lat[-1], "mean": statistics.mean(lat),
+            "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": lat[-1],
+            "mean": statistics.mean(lat),
             "phases": {k: statistics.median(v) for k, v in phases.items()},
-            "batches": sum(1 for p in progress if p["numInputRows"])}
+            "batches": len(batches)}
 
 
 # ------------------------------------------------------------------------------ main
@@ -169,12 +175,14 @@ def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, tr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
-    parser.add_argument("--messages", type=int, default=2_000_000, help="backlog size (bench store)")
+    parser.add_argument("--messages", type=int, default=2_000_000,
+                        help="backlog size (bench store)")
     parser.add_argument("--max-per-trigger", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--rate", type=float, default=200.0, help="latency test: messages/s")
     parser.add_argument("--seconds", type=float, default=60.0, help="latency test: producing time")
-    parser.add_argument("--warmup", type=float, default=5.0, help="latency test: seconds not counted")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="latency test: seconds not counted")
     parser.add_argument("--trigger-ms", type=int, default=200)
     parser.add_argument("--latency-partitions", default="default,1",
                         help="latency test: numPartitions values to run, 'default' = one task per "
@@ -217,7 +225,8 @@ def main() -> None:
         ["readStream availableNow -> noop", len(best["progress"]), f"{secs:.2f}",
          fmt_rate(s["msgs"] / secs), f"{s['bytes'] / secs / 1e9:.2f}",
          " ".join(f"{x:.2f}" for x in s["all"])],
-        ["read (batch) -> noop, same store", 1, f"{s['batch']:.2f}", fmt_rate(s["msgs"] / s["batch"]),
+        ["read (batch) -> noop, same store", 1, f"{s['batch']:.2f}",
+         fmt_rate(s["msgs"] / s["batch"]),
          f"{s['bytes'] / s['batch'] / 1e9:.2f}", " ".join(f"{x:.2f}" for x in s["batch_all"])],
     ])
     print(f"streaming / batch rows/s (same run): {s['batch'] / secs:.2f}")
@@ -231,16 +240,21 @@ def main() -> None:
           f"{fmt_rate(statistics.median(p['processedRowsPerSecond'] for p in best['progress']))}\n")
 
     print(f"End-to-end latency, append -> foreachBatch collect, {args.rate:.0f} msgs/s over "
-          f"{LATENCY_QUEUES} queues for {args.seconds:.0f} s (first {args.warmup:.0f} s not counted), "
+          f"{LATENCY_QUEUES} queues for {args.seconds:.0f} s (first {args.warmup:.0f} s not "
+          "counted), "
           f"processingTime {args.trigger_ms} ms:")
     print_table(["tasks per micro-batch", "counted / produced / received", "micro-batches",
                  "p50 ms", "p95 ms", "p99 ms", "max ms", "mean ms"],
-                [[f"{parts} (numPartitions={parts})" if parts else f"{LATENCY_QUEUES} (default: one per queue)",
+                [[f"{parts} (numPartitions={parts})" if parts
+                  else f"{LATENCY_QUEUES} (default: one per queue)",
                   f"{lat['counted']:,} / {lat['produced']:,} / {lat['received']:,}", lat["batches"],
-                  f"{lat['p50']:.0f}", f"{lat['p95']:.0f}", f"{lat['p99']:.0f}", f"{lat['max']:.0f}",
+                  f"{lat['p50']:.0f}", f"{lat['p95']:.0f}", f"{lat['p99']:.0f}",
+                  f"{lat['max']:.0f}",
                   f"{lat['mean']:.0f}"] for parts, lat in lats])
     for parts, lat in lats:
-        print(f"median micro-batch phases, numPartitions {parts or 'default'}, ms: " + ", ".join(
+        print("median micro-batch phases (last 100 with data), "
+              f"numPartitions {parts or 'default'}, "
+              "ms: " + ", ".join(
             f"{k} {v:.0f}" for k, v in sorted(lat["phases"].items())))
 
 

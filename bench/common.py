@@ -213,13 +213,15 @@ def jvm_pid(spark) -> int:
 
 # ------------------------------------------------------------------------------------ Spark
 
-def spark_session(master: str = "local[2]", app: str = "rmq_source-bench", extra: dict | None = None):
+def spark_session(master: str = "local[2]", app: str = "rmq_source-bench",
+                  extra: dict | None = None):
     """A local session with :data:`SPARK_CONF` (plus ``extra``) and the rmq source registered."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
     # Python workers import rmq_source and the bench modules from the checkout.
-    path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH"))
+                           if p)
     os.environ["PYTHONPATH"] = path
     from pyspark.sql import SparkSession
 
@@ -350,12 +352,36 @@ def ensure_ceiling_files(workdir: str | os.PathLike, store_root: Path, *,
     return out
 
 
+_CEILING_FILES: dict = {}
+
+
+def open_ceiling_file(path: str):
+    """The memory-mapped Arrow IPC file ``path``, kept open for the life of this process (a Python
+    worker), as the rmq source keeps its store files mapped: after the first read its pages are
+    mapped in the worker and batches are handed out without copies or page faults."""
+    reader = _CEILING_FILES.get(path)
+    if reader is None:
+        import pyarrow as pa
+        reader = _CEILING_FILES[path] = pa.ipc.open_file(pa.memory_map(path))
+    return reader
+
+
+def ceiling_ddl(columns: list[str]) -> str:
+    """The Spark DDL of a subset of the row schema's columns (in the given order)."""
+    from rmq_source.schema import SPARK_DDL
+
+    fields = dict(f.split(" ", 1) for f in SPARK_DDL.split(", "))
+    return ", ".join(f"{c} {fields[c]}" for c in columns)
+
+
 def _ceiling_source_class():
     """The trivial Python data source ``format("arrow_ceiling")``: its reader yields the
-    pre-built batches of one Arrow IPC file per partition, memory-mapped (zero copy), in the rmq
-    row schema. Spark's cost of moving these batches from a Python worker into the JVM is the
-    transport ceiling of any Python data source. Options: ``path`` (folder of the files) and
-    ``numPartitions`` (default one partition per file; files are dealt round robin)."""
+    pre-built batches of one Arrow IPC file per partition, memory-mapped (zero copy) and kept open
+    per worker (:func:`open_ceiling_file`), in the rmq row schema. Spark's cost of moving these
+    batches from a Python worker into the JVM is the transport ceiling of any Python data source.
+    Options: ``path`` (folder of the files), ``numPartitions`` (default one partition per file;
+    files are dealt round robin) and ``columns`` (comma-separated subset of the columns, default
+    all: what Spark pays per column)."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
     from rmq_source.schema import SPARK_DDL
 
@@ -365,9 +391,10 @@ def _ceiling_source_class():
             self.paths = paths
 
     class _CeilingReader(DataSourceReader):
-        def __init__(self, folder: str, partitions: int | None):
+        def __init__(self, folder: str, partitions: int | None, columns: list[str] | None):
             self.folder = folder
             self.count = partitions
+            self.columns = columns
 
         def partitions(self):
             files = [os.path.join(self.folder, n) for n in sorted(os.listdir(self.folder))
@@ -376,12 +403,12 @@ def _ceiling_source_class():
             return [_FilePartition(files[i::n]) for i in range(n) if files[i::n]]
 
         def read(self, partition):
-            import pyarrow as pa
+            import common   # this worker's module: its cache outlives the task (worker reuse)
             for path in partition.paths:
-                # Not closed explicitly: the last batch may still be in use after the loop.
-                reader = pa.ipc.open_file(pa.memory_map(path))
+                reader = common.open_ceiling_file(path)
                 for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
+                    batch = reader.get_batch(i)
+                    yield batch if self.columns is None else batch.select(self.columns)
 
     class ArrowCeilingDataSource(DataSource):
         @classmethod
@@ -389,11 +416,14 @@ def _ceiling_source_class():
             return "arrow_ceiling"
 
         def schema(self):
-            return SPARK_DDL
+            columns = self.options.get("columns")
+            return SPARK_DDL if not columns else ceiling_ddl(columns.split(","))
 
         def reader(self, schema):
             parts = self.options.get("numPartitions")
-            return _CeilingReader(self.options["path"], int(parts) if parts else None)
+            columns = self.options.get("columns")
+            return _CeilingReader(self.options["path"], int(parts) if parts else None,
+                                  columns.split(",") if columns else None)
 
     return ArrowCeilingDataSource
 

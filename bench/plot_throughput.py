@@ -9,12 +9,14 @@ dashed, and prints the figures as a table with the rmq/ceiling ratio.
 
 Needs matplotlib (``pip install matplotlib``).
 
-    python bench/plot_throughput.py [--quick] [--workdir /tmp/rmq_bench] [--out bench/throughput.png]
+    python bench/plot_throughput.py [--quick] [--workdir /tmp/rmq_bench] [--out FILE.png]
+    python bench/plot_throughput.py --replot       # redraw from the last run's figures
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 from pathlib import Path
 
 import common  # noqa: F401  (puts the checkout on sys.path)
@@ -30,20 +32,26 @@ TARGET_BYTES = 300 << 20        # CommitLog bytes per store (about)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "throughput.png"))
     parser.add_argument("--quick", action="store_true", help="stores of a quarter of the size")
+    parser.add_argument("--replot", action="store_true",
+                        help="only redraw the PNG from the last run's figures (kept in --workdir)")
     args = parser.parse_args()
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("plot_throughput.py needs matplotlib: pip install matplotlib")
+    saved = Path(args.workdir) / f"throughput_results{'_quick' if args.quick else ''}.json"
+    if args.replot:
+        plot(**json.loads(saved.read_text()), out=args.out)
+        return
     target = TARGET_BYTES // 4 if args.quick else TARGET_BYTES
     args.repeat = max(2, args.repeat)
 
+    info = machine_info()
     print_machine()
     stores = {}
     for size in SIZES:
@@ -73,7 +81,8 @@ def main() -> None:
             times = interleaved_best({"ceiling": ceil, "rmq": rmq}, args.repeat)
             best = {k: min(v) for k, v in times.items()}
             results.append((size, parts, msgs, nbytes, best["rmq"], best["ceiling"]))
-            print(f"  {size:>5} B x {msgs:,}, {parts} partitions: rmq {msgs / best['rmq']:,.0f} rows/s, "
+            print(f"  {size:>5} B x {msgs:,}, {parts} partitions: "
+                  f"rmq {msgs / best['rmq']:,.0f} rows/s, "
                   f"ceiling {msgs / best['ceiling']:,.0f} rows/s", flush=True)
     spark.stop()
 
@@ -82,34 +91,51 @@ def main() -> None:
                 [[f"{size} B", f"{msgs:,}", parts, fmt_rate(msgs / r), f"{nbytes / r / 1e9:.2f}",
                   fmt_rate(msgs / c), f"{nbytes / c / 1e9:.2f}", f"{c / r:.2f}"]
                  for size, parts, msgs, nbytes, r, c in results])
+    title = (f'spark.read.format("rmq") -> noop, full schema, {args.master} '
+             f"({info['nproc']} CPUs, {info['cpu']}); best of {args.repeat}; "
+             f"{datetime.date.today()}; load average at start "
+             f"{info['load average (1 min) at start']}")
+    saved.write_text(json.dumps({"results": results, "title": title}))
+    plot(results, title, args.out)
 
-    fig, (ax_rows, ax_bytes) = plt.subplots(1, 2, figsize=(12, 5))
+
+def plot(results: list, title: str, out: str) -> None:
+    """Two panels (rows/s, log scale; GB/s) against partitions, one colour per body size."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, (ax_rows, ax_bytes) = plt.subplots(1, 2, figsize=(12, 5.8))
     colors = dict(zip(SIZES, ("tab:blue", "tab:orange", "tab:green")))
     for size in SIZES:
         pts = [x for x in results if x[0] == size]
         xs = [x[1] for x in pts]
         label = f"{size} B" if size < 1024 else f"{size // 1024} KiB"
-        for ax, value in ((ax_rows, lambda m, b, s: m / s / 1e6), (ax_bytes, lambda m, b, s: b / s / 1e9)):
+        for ax, value in ((ax_rows, lambda m, b, s: m / s / 1e3),
+                          (ax_bytes, lambda m, b, s: b / s / 1e9)):
             ax.plot(xs, [value(x[2], x[3], x[4]) for x in pts], "o-", color=colors[size],
                     label=f"rmq, {label} bodies")
             ax.plot(xs, [value(x[2], x[3], x[5]) for x in pts], "s--", color=colors[size],
                     alpha=0.6, label=f"Arrow ceiling, {label}")
-    info = machine_info()
-    for ax, ylabel in ((ax_rows, "million rows / s"), (ax_bytes, "GB / s (CommitLog bytes)")):
+    for ax, ylabel in ((ax_rows, "thousand rows / s (log scale)"),
+                       (ax_bytes, "GB / s (CommitLog bytes)")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(PARTITIONS)
         ax.set_xticklabels([str(p) for p in PARTITIONS])
         ax.set_xlabel("partitions (numPartitions = Spark tasks)")
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-    ax_rows.legend(fontsize=8)
-    fig.suptitle(f'spark.read.format("rmq") -> noop, full schema, {args.master} '
-                 f"({info['nproc']} CPUs, {info['cpu']}); best of {args.repeat}; "
-                 f"{datetime.date.today()}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(f"saved {args.out}")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_rows.set_yscale("log")        # 128 B and 8 KiB rates differ by ~10x
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax_rows.yaxis.set_major_formatter(plain)
+    ax_rows.yaxis.set_minor_formatter(plain)
+    ax_rows.tick_params(axis="y", which="minor", labelsize=7)
+    ax_bytes.set_ylim(bottom=0)
+    handles, labels = ax_rows.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(out, dpi=110)
+    print(f"saved {out}")
 
 
 if __name__ == "__main__":
