@@ -12,16 +12,23 @@ then measures in the same run:
 * a straightforward pure-Python decoder (struct) on a sample, for the "10x" anchor.
 
 Prints same-run ratios against the targets of docs/performance-anchors.md: decode >= 40% of
-memcpy, filtered >= 100 M units/s. No assertion: this is a measurement, not a test.
+memcpy, filtered >= 100 M units/s. memcpy and decode are timed in alternating rounds (a load change
+on a shared machine then hits both); the ratio is that of the best rounds, and the median of the
+per-round ratios is printed too. ``--instructions`` also counts, with valgrind's callgrind, the
+instructions the C core executes per message (decode) and per unit (filtered scan): a figure that,
+unlike times, does not move with the machine's load. No assertion: this is a measurement, not a
+test.
 
-    python bench/bench_core.py [--messages 400000] [--queues 8] [--repeat 5]
+    python bench/bench_core.py [--messages 400000] [--queues 8] [--repeat 5] [--instructions]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -123,15 +130,6 @@ def warm(root: Path) -> None:
                     pass
 
 
-def memcpy_time(repeat: int) -> tuple[float, float, int]:
-    """Best (wall, cpu) seconds of a numpy copyto of 256 MiB, and the byte count."""
-    src = np.ones(256 << 20, np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    wall, cpu = best_of(repeat, lambda: np.copyto(dst, src))
-    return wall, cpu, src.nbytes
-
-
 def best_of(repeat: int, fn) -> tuple[float, float]:
     """Minimum wall-clock and minimum CPU seconds over ``repeat`` runs of ``fn``. On a shared
     machine the CPU time is the steadier figure (it excludes time the process was preempted)."""
@@ -193,12 +191,14 @@ def pure_python_decode(cl_dir: Path, count: int, size: int, cl_file_size: int) -
 
 NOTES = [
     "Notes: the CPU-time column is the one to read on a shared machine (the wall clock includes",
-    "time the process waited for a core; the load average is printed above). Decode cost per",
-    "message is about 2.2 k instructions (callgrind): a 1 KiB body memcpy, header checks, the",
-    "properties map (parse, de-duplicate, copy names and values), tags/keys/uniqKey, msgId and",
-    "host strings, UTF-8 checks. Each scan_queue call also pays a fixed ~0.1 ms in Python to wrap",
-    "the 34 C buffers as Arrow arrays (pa.foreign_buffer + pa.Array.from_buffers); with 50 k units",
-    "per queue that is a visible share of the filtered-scan time, negligible for full batches.",
+    "time the process waited for a core; the load average is printed above). The decode is bound",
+    "by memory traffic first: every record (1.2 KB, queues interleaved in the CommitLog) is read",
+    "once and about 1.35 KB of columns are written per message; a plain copy of the same records",
+    "into one buffer already reaches only ~45-48% of the memcpy figure (a strided read, then a",
+    "write). What is left is kept small: ~1.2 k instructions per message (callgrind, 1 KiB body",
+    "copy included), the row-indexed columns written 16 rows at a time as whole cache lines,",
+    "bodies and those lines with streaming stores in big batches. Each scan_queue call costs ~30",
+    "us (argument checks, batch set-up, one Arrow C Data Interface import).",
 ]
 
 
@@ -225,6 +225,45 @@ def write_results(path: Path, lines: list[str]) -> None:
     path.write_text("\n".join(out).rstrip() + "\n")
 
 
+def _count_run(mode: str, passes: int, root: Path, queues: int, per_queue: int) -> None:
+    """Child process of count_instructions: ``passes`` scans of the store at ``root`` (decode:
+    queue 0 only; filter: every queue), nothing printed."""
+    cl_file_size, cq_file_size = 128 << 20, 300_000 * 20
+    cl = native.CommitLog(files(root / "commitlog"), cl_file_size)
+    cqs = [files(root / "consumequeue" / "Bench" / str(q)) for q in range(queues)]
+    codes, tags = (java_string_hash(HIT),), (HIT,)
+    for _ in range(passes):
+        if mode == "decode":
+            scan_all(cl, cqs[:1], cq_file_size, per_queue)
+        else:
+            scan_all(cl, cqs, cq_file_size, per_queue, codes=codes, tags=tags)
+
+
+def count_instructions(root: Path, queues: int, per_queue: int) -> dict[str, float] | None:
+    """Instructions executed in the C core (rmq_scan_queue, rmq_batch_export) per decoded
+    message and per filtered unit, by valgrind's callgrind: a run of 2 passes minus a run of 1
+    pass, so start-up and the first pass's one-time costs cancel out. None without valgrind."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    out: dict[str, float] = {}
+    for mode, units in (("decode", per_queue), ("filter", per_queue * queues)):
+        totals = []
+        for passes in (1, 2):
+            cg = root / f"callgrind.{mode}.{passes}"
+            subprocess.run(
+                [valgrind, "--tool=callgrind", f"--callgrind-out-file={cg}",
+                 "--toggle-collect=rmq_scan_queue", "--toggle-collect=rmq_batch_export",
+                 sys.executable, os.path.abspath(__file__), "--count-run", mode, str(passes),
+                 str(root), str(queues), str(per_queue)],
+                check=True, capture_output=True)
+            summary = next(line for line in cg.read_text().splitlines()
+                           if line.startswith(("summary:", "totals:")))
+            totals.append(int(summary.split()[1]))
+        out[mode] = (totals[1] - totals[0]) / units
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=400_000)
@@ -234,7 +273,14 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to build the store (temp dir)")
     ap.add_argument("--write-results", type=Path, default=None, metavar="RESULTS.md",
                     help='replace the "## C core" section of this file with the figures')
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count instructions per message/unit with valgrind (callgrind)")
+    ap.add_argument("--count-run", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.count_run:
+        mode, passes, root, queues, per_queue = args.count_run
+        _count_run(mode, int(passes), Path(root), int(queues), int(per_queue))
+        return
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
 
     cl_file_size, cq_file_size = 128 << 20, 300_000 * 20
@@ -252,9 +298,20 @@ def main() -> None:
         end = facts["per_queue"]
         total_bytes = args.messages * facts["record_size"]
 
-        mem_wall, mem_cpu, mem_bytes = memcpy_time(args.repeat)
         scan_all(cl, cqs, cq_file_size, end)                                  # warm-up
-        dec = best_of(args.repeat, lambda: scan_all(cl, cqs, cq_file_size, end))
+        src = np.ones(256 << 20, np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        mem_bytes = src.nbytes
+        mem_runs, dec_runs = [], []
+        for _ in range(args.repeat):            # alternating rounds: memcpy, decode
+            mem_runs.append(best_of(1, lambda: np.copyto(dst, src)))
+            dec_runs.append(best_of(1, lambda: scan_all(cl, cqs, cq_file_size, end)))
+        del src, dst
+        mem_wall, mem_cpu = min(r[0] for r in mem_runs), min(r[1] for r in mem_runs)
+        dec = (min(r[0] for r in dec_runs), min(r[1] for r in dec_runs))
+        round_share = statistics.median(m[1] / d[1] * total_bytes / mem_bytes
+                                        for m, d in zip(mem_runs, dec_runs))
         rows, _ = scan_all(cl, cqs, cq_file_size, end)
         assert rows == args.messages, rows
         codes, tags = (java_string_hash(HIT),), (HIT,)
@@ -265,8 +322,9 @@ def main() -> None:
         crc = best_of(max(1, args.repeat // 2),
                       lambda: scan_all(cl, cqs, cq_file_size, end, verify_crc=True))
         py_rate = pure_python_decode(root / "commitlog", 20_000, facts["record_size"], cl_file_size)
-        # fixed cost of one scan_queue call (argument checks, C call, Arrow wrapping of 1 row)
+        # fixed cost of one scan_queue call (argument checks, C call, Arrow import of 1 row)
         one = best_of(200, lambda: native.scan_queue(cl, cqs[0], cq_file_size, 0, 1))
+        instr = count_instructions(root, args.queues, end) if args.instructions else None
 
         lines = [f"store: {args.messages} messages, {args.body} B bodies ({facts['record_size']} B "
                  f"records), {args.queues} queues; best of {args.repeat}; "
@@ -282,7 +340,8 @@ def main() -> None:
             f"| memcpy, numpy copyto 256 MiB | {mem_gbps[0]:.2f} GB/s | {mem_gbps[1]:.2f} GB/s |",
             f"| C decode, all 19 columns, 1 thread | {dec_msgs[0] / 1e6:.2f} M msgs/s, "
             f"{dec_gbps[0]:.2f} GB/s | {dec_msgs[1] / 1e6:.2f} M msgs/s, {dec_gbps[1]:.2f} GB/s |",
-            f"| decode / memcpy (target >= 40%) | {share[0]:.0%} | {share[1]:.0%} |",
+            f"| decode / memcpy (target >= 40%) | {share[0]:.0%} | {share[1]:.0%} "
+            f"(median of rounds {round_share:.0%}) |",
             f"| decode vs RocketMQ Java read path (anchor 1.37 M msgs/s, target >= 3x) | "
             f"{dec_msgs[0] / JAVA_MSGS_PER_S:.1f}x | {dec_msgs[1] / JAVA_MSGS_PER_S:.1f}x |",
             f"| C decode + verify_crc | {crc_gbps[0]:.2f} GB/s | {crc_gbps[1]:.2f} GB/s |",
@@ -293,10 +352,15 @@ def main() -> None:
             f"| fixed cost of one scan_queue call (1 row) | {one[0] * 1e6:.0f} us | "
             f"{one[1] * 1e6:.0f} us |",
         ]
+
         verdict = (f"decode {share[1]:.0%} of memcpy (CPU time) -> "
                    f"{'OK' if share[1] >= 0.4 else 'BELOW TARGET'}; filtered "
                    f"{filt_units[1] / 1e6:.0f} M units/s -> "
                    f"{'OK' if filt_units[1] >= 100e6 else 'BELOW TARGET'}")
+        if instr is not None:
+            lines += ["", f"C core instructions (callgrind, independent of the load): decode "
+                          f"{instr['decode']:.0f} per message, filtered scan "
+                          f"{instr['filter']:.1f} per unit."]
         lines.append("")
         lines.append(verdict)
         print("\n".join(lines))

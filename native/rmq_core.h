@@ -7,6 +7,10 @@
  * Conventions: every function that can fail returns an rmq_code and fills *err (code, path,
  * position, physical/queue offset, message). Offsets are int64 byte positions; "physical offset"
  * is a CommitLog address, "queue offset" the index of a 20-byte ConsumeQueue unit.
+ *
+ * struct ArrowSchema / struct ArrowArray are the Arrow C Data Interface structures, declared here
+ * exactly as the Arrow specification defines them (no include guard: cffi cannot parse one, and
+ * nothing else compiled with this header declares them).
  */
 #ifndef RMQ_CORE_H
 #define RMQ_CORE_H
@@ -15,6 +19,31 @@
 #include <stddef.h>
 
 /* CDEF BEGIN */
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
 enum rmq_code {
     RMQ_OK = 0,
     RMQ_E_ARG = 1,              /* bad argument (caller bug; native.py validates first) */
@@ -67,7 +96,10 @@ typedef struct rmq_files {
 typedef struct rmq_buf {
     uint8_t *data;   /* 64-byte aligned, never NULL inside a batch */
     int64_t len;     /* bytes used */
-    int64_t cap;
+    int64_t cap;     /* bytes usable from data */
+    uint8_t *mem;    /* the allocation: data - skew */
+    int32_t id;      /* enum rmq_buf_id */
+    int32_t skew;    /* bytes between mem and data (see buf_grow_keep) */
 } rmq_buf;
 
 /* Buffer indices of rmq_batch.bufs (Arrow layout; *_OFF are int32 offsets, *_VALID bitmaps). */
@@ -129,6 +161,15 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
 void rmq_batch_free(rmq_batch *batch);
 /* addresses and used lengths of the RMQ_NBUF buffers of a batch (for zero-copy wrapping) */
 void rmq_batch_buffers(const rmq_batch *batch, uint64_t *addrs, int64_t *lens);
+/* Move `batch` into *out: a struct array of the 19 native columns (rmq_schema_export's type)
+ * whose buffers are the batch's own (zero-copy). The batch always passes to the callee: on
+ * success out->release frees it (once the root and every child moved out of it are released);
+ * on failure (RMQ_E_NOMEM) it is freed and out->release is NULL. */
+int rmq_batch_export(rmq_batch *batch, struct ArrowArray *out);
+/* The type of an exported batch: struct<19 fields> (NATIVE_SCHEMA of rmq_source/native.py). */
+int rmq_schema_export(struct ArrowSchema *out);
+/* Batches allocated and not yet freed (released), pooled buffers aside: a leak check. */
+int64_t rmq_live_batches(void);
 const char *rmq_code_name(int code);
 /* CDEF END */
 

@@ -9,8 +9,13 @@ queue offset): corrupt bytes raise :class:`RmqCorruptStoreError` (``.path``, ``.
 ``.code``), missing files :class:`RmqStoreLayoutError`, bad arguments :class:`RmqOptionError`.
 
 The extension is built by setup.py (``rmq_source._native``); importing never compiles. With the
-environment variable ``RMQ_NATIVE=asan`` the AddressSanitizer build made by
-``native/asan_build.py`` (module ``_rmq_native_asan``, found on ``sys.path``) is used instead.
+environment variable ``RMQ_NATIVE=asan`` (or ``asan-portable``) the AddressSanitizer build made by
+``native/asan_build.py`` (module ``_rmq_native_asan`` or ``_rmq_native_asan_portable``, found on
+``sys.path``) is used instead.
+
+Batches cross into Arrow through the Arrow C Data Interface: the C core exports one struct array
+whose release callback frees the C buffers; the RecordBatch (and any array sliced from it) keeps
+them alive, zero-copy.
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ from .schema import ARROW_SCHEMA
 
 if os.environ.get("RMQ_NATIVE", "") == "asan":
     from _rmq_native_asan import ffi, lib  # type: ignore[import-not-found]
+elif os.environ.get("RMQ_NATIVE", "") == "asan-portable":
+    from _rmq_native_asan_portable import ffi, lib  # type: ignore[import-not-found]
 else:
     try:
         from ._native import ffi, lib  # type: ignore[attr-defined]
@@ -33,7 +40,8 @@ else:
             "`python setup.py build_ext --inplace`) in the project root") from exc
 
 __all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
-           "ScanResult", "scan_queue", "lookup_time", "NATIVE_SCHEMA", "CQ_UNIT_SIZE"]
+           "ScanResult", "scan_queue", "lookup_time", "live_batches", "NATIVE_SCHEMA", "C_SCHEMA",
+           "CQ_UNIT_SIZE"]
 
 CQ_UNIT_SIZE = 20
 INT32_MAX = (1 << 31) - 1
@@ -261,75 +269,34 @@ class ScanResult:
     status: str
 
 
-_TS = ARROW_SCHEMA.field("bornTimestamp").type
-_KEYS_TYPE = ARROW_SCHEMA.field("keys").type
-_PROPS_TYPE = ARROW_SCHEMA.field("properties").type
-_PROPS_FIELDS = [_PROPS_TYPE.key_field, _PROPS_TYPE.item_field]
+def _import_c_schema() -> pa.Schema:
+    """The batch type as the C core declares it (Arrow C Data Interface)."""
+    c_schema = ffi.new("struct ArrowSchema *")
+    if lib.rmq_schema_export(c_schema):
+        raise MemoryError("rmq_schema_export failed")
+    return pa.Schema._import_from_c(int(ffi.cast("uintptr_t", c_schema)))
 
 
+#: NATIVE_SCHEMA as exported by the C core; equal to NATIVE_SCHEMA (tests check it).
+C_SCHEMA = _import_c_schema()
 _EMPTY_BATCH = pa.RecordBatch.from_pylist([], schema=NATIVE_SCHEMA)
 
 
-def _wrap(batch_ptr) -> pa.RecordBatch:
-    """Arrow arrays over the C buffers, zero-copy; the buffers live as long as any array."""
-    if batch_ptr.rows == 0:            # polls of live queues often find nothing: skip wrapping
+def _to_arrow(batch_ptr) -> pa.RecordBatch:
+    """The C batch as a RecordBatch, zero-copy, through the Arrow C Data Interface: the C core
+    fills one ArrowArray (a struct of the 19 columns) that owns the batch; Arrow calls its release
+    callback, which frees the C buffers, when the last array using them is gone."""
+    if batch_ptr.rows == 0:            # polls of live queues often find nothing: skip the import
         lib.rmq_batch_free(batch_ptr)
         return _EMPTY_BATCH
-    keep = ffi.gc(batch_ptr, lib.rmq_batch_free)
-    n = int(keep.rows)
-    addrs = ffi.new("uint64_t[]", lib.RMQ_NBUF)
-    lens = ffi.new("int64_t[]", lib.RMQ_NBUF)
-    lib.rmq_batch_buffers(keep, addrs, lens)
-    addrs, lens = ffi.unpack(addrs, lib.RMQ_NBUF), ffi.unpack(lens, lib.RMQ_NBUF)
-
-    def buf(i):
-        return pa.foreign_buffer(addrs[i], lens[i], base=keep)
-
-    def fixed(t, i):
-        return pa.Array.from_buffers(t, n, [None, buf(i)], null_count=0)
-
-    def string(off, data, length=n, valid=None, nulls=0):
-        return pa.Array.from_buffers(pa.string(), length,
-                                     [buf(valid) if nulls else None, buf(off), buf(data)],
-                                     null_count=nulls)
-
-    nk = int(keep.key_items)
-    npr = int(keep.prop_items)
-    key_items = string(lib.RMQ_B_KEYITEM_OFF, lib.RMQ_B_KEYITEM_DATA, nk)
-    null_keys = int(keep.null_keys)
-    keys = pa.Array.from_buffers(
-        _KEYS_TYPE, n, [buf(lib.RMQ_B_KEYS_VALID) if null_keys else None, buf(lib.RMQ_B_KEYS_OFF)],
-        null_count=null_keys, children=[key_items])
-    entries = pa.StructArray.from_arrays(
-        [string(lib.RMQ_B_PKEY_OFF, lib.RMQ_B_PKEY_DATA, npr),
-         string(lib.RMQ_B_PVAL_OFF, lib.RMQ_B_PVAL_DATA, npr)], fields=_PROPS_FIELDS)
-    props = pa.Array.from_buffers(_PROPS_TYPE, n, [None, buf(lib.RMQ_B_PROPS_OFF)], null_count=0,
-                                  children=[entries])
-    columns = [
-        fixed(pa.int32(), lib.RMQ_B_QUEUE_ID),
-        fixed(pa.int64(), lib.RMQ_B_QUEUE_OFFSET),
-        fixed(pa.int64(), lib.RMQ_B_COMMITLOG_OFFSET),
-        fixed(pa.int32(), lib.RMQ_B_STORE_SIZE),
-        string(lib.RMQ_B_MSGID_OFF, lib.RMQ_B_MSGID_DATA),
-        string(lib.RMQ_B_UNIQ_OFF, lib.RMQ_B_UNIQ_DATA, n, lib.RMQ_B_UNIQ_VALID,
-               int(keep.null_uniq)),
-        string(lib.RMQ_B_TAGS_OFF, lib.RMQ_B_TAGS_DATA, n, lib.RMQ_B_TAGS_VALID,
-               int(keep.null_tags)),
-        keys,
-        pa.Array.from_buffers(pa.binary(), n, [None, buf(lib.RMQ_B_BODY_OFF),
-                                               buf(lib.RMQ_B_BODY_DATA)], null_count=0),
-        props,
-        fixed(_TS, lib.RMQ_B_BORN_TS),
-        fixed(_TS, lib.RMQ_B_STORE_TS),
-        string(lib.RMQ_B_BORNHOST_OFF, lib.RMQ_B_BORNHOST_DATA),
-        string(lib.RMQ_B_STOREHOST_OFF, lib.RMQ_B_STOREHOST_DATA),
-        fixed(pa.int32(), lib.RMQ_B_SYSFLAG),
-        fixed(pa.int32(), lib.RMQ_B_FLAG),
-        fixed(pa.int32(), lib.RMQ_B_RECONSUME),
-        fixed(pa.int32(), lib.RMQ_B_BODYCRC),
-        fixed(pa.int64(), lib.RMQ_B_PREPARED),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=NATIVE_SCHEMA)
+    c_array = ffi.new("struct ArrowArray *")
+    if lib.rmq_batch_export(batch_ptr, c_array):      # the batch is freed on failure
+        raise MemoryError("rmq_batch_export failed")
+    try:
+        return pa.RecordBatch._import_from_c(int(ffi.cast("uintptr_t", c_array)), NATIVE_SCHEMA)
+    finally:
+        if c_array.release != ffi.NULL:   # not moved into Arrow (the import failed)
+            c_array.release(c_array)
 
 
 def _int32_codes(codes) -> list[int]:
@@ -405,7 +372,12 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
         _raise(err)
     ptr = out[0]
     next_offset, scanned, status = int(ptr.next_offset), int(ptr.scanned), _STATUS[ptr.status]
-    return ScanResult(_wrap(ptr), next_offset, scanned, status)
+    return ScanResult(_to_arrow(ptr), next_offset, scanned, status)
+
+
+def live_batches() -> int:
+    """C batches allocated and not yet freed (a leak check: 0 once every batch is dropped)."""
+    return int(lib.rmq_live_batches())
 
 
 def lookup_time(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int,

@@ -2,8 +2,9 @@
 
 A copy of the RocketMQ 4.9.3 reference store (CommitLog + one ConsumeQueue) is damaged byte by
 byte; the scan must fail with the right code, naming the damaged file and the byte position of
-the record (CommitLog damage) or of the unit (ConsumeQueue damage). The same table runs again in
-a subprocess against the AddressSanitizer/UBSan build of the C core (``@pytest.mark.asan``).
+the record (CommitLog damage) or of the unit (ConsumeQueue damage). The same table, the decoder
+tables and the fast-path models (test_native_export.py) run again in a subprocess against the
+AddressSanitizer/UBSan builds of the C core, SIMD and portable (``@pytest.mark.asan``).
 """
 from __future__ import annotations
 
@@ -289,19 +290,33 @@ def asan_build(tmp_path_factory):
         pytest.skip("cannot build the ASan variant: gcc or libasan.so not found "
                     "(gcc -print-file-name=libasan.so)")
     out = tmp_path_factory.mktemp("asan")
-    proc = subprocess.run([sys.executable, str(REPO / "native" / "asan_build.py"), str(out)],
-                          capture_output=True, text=True, cwd=out)
-    if proc.returncode != 0:
-        pytest.skip("cannot build the ASan variant of the C core: " + proc.stderr[-2000:])
+    for extra in ([], ["--portable"]):
+        proc = subprocess.run([sys.executable, str(REPO / "native" / "asan_build.py"), str(out),
+                               *extra], capture_output=True, text=True, cwd=out)
+        if proc.returncode != 0:
+            pytest.skip("cannot build the ASan variant of the C core: " + proc.stderr[-2000:])
     return out, lib
 
 
+# the SIMD build runs every native table; the portable one (plain C paths, no streaming stores)
+# the decoder tables and the fast-path models, big batches aside (their streaming stores are
+# SIMD-only; the staged columns are the same code in both builds)
+ASAN_RUNS = {
+    "asan": ["tests/test_native_corrupt.py", "tests/test_native_decoder.py",
+             "tests/test_native_export.py"],
+    "asan-portable": ["tests/test_native_decoder.py", "tests/test_native_export.py",
+                      "-k", "not big and not dense"],
+}
+
+
 @pytest.mark.asan
-def test_corrupt_and_decoder_tables_under_asan(asan_build):
+@pytest.mark.parametrize("variant", list(ASAN_RUNS))
+def test_corrupt_and_decoder_tables_under_asan(asan_build, variant):
     outdir, libasan = asan_build
+    module = "_rmq_native_asan" + ("_portable" if variant.endswith("portable") else "")
     env = dict(os.environ)
     env.update({
-        "RMQ_NATIVE": "asan",
+        "RMQ_NATIVE": variant,
         "PYTHONPATH": os.pathsep.join([str(outdir), str(REPO)]),
         "LD_PRELOAD": libasan,
         "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
@@ -310,7 +325,7 @@ def test_corrupt_and_decoder_tables_under_asan(asan_build):
     probe = subprocess.run(
         [sys.executable, "-c", "import sys, rmq_source.native; "
                                "assert 'rmq_source._native' not in sys.modules; "
-                               "print(sys.modules['_rmq_native_asan'].__file__)"],
+                               f"print(sys.modules['{module}'].__file__)"],
         env=env, capture_output=True, text=True, cwd=REPO)
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert probe.stdout.strip().startswith(str(outdir)), probe.stdout
@@ -318,7 +333,7 @@ def test_corrupt_and_decoder_tables_under_asan(asan_build):
         # -s: a sanitizer report goes to the real stderr (pytest's capture would swallow it when
         # the process aborts)
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "not asan",
-         "tests/test_native_corrupt.py", "tests/test_native_decoder.py"],
+         *ASAN_RUNS[variant]],
         env=env, capture_output=True, text=True, cwd=REPO, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]

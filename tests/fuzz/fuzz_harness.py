@@ -20,6 +20,7 @@ mappings are dropped at the end of each input.
 from __future__ import annotations
 
 import atexit
+import gc
 import ipaddress
 import os
 import shutil
@@ -171,6 +172,7 @@ def _run(fn):
     try:
         return "ok", fn()
     except RmqSourceError as exc:
+        exc.__traceback__ = None       # its frames would hold the caller's locals in a cycle
         return "err", exc
 
 
@@ -178,6 +180,7 @@ def _model(fn):
     try:
         return "ok", fn()
     except ModelError as exc:
+        exc.__traceback__ = None
         return "err", exc
 
 
@@ -308,6 +311,22 @@ def check_scan(model: Model, cl: native.CommitLog, cq_model: Files, cq_segs, sta
                       f"model {m_next}, {m_status}; rows: {_diff_rows(rows, m_rows)}")
 
 
+def live_batches() -> int:
+    """C batches not freed yet (0 when this version of the C core does not count them)."""
+    counter = getattr(native, "live_batches", None)
+    return counter() if counter else 0
+
+
+def check_released(before: int) -> None:
+    """Every batch of this input was freed once its Arrow arrays were dropped (error paths too)."""
+    after = live_batches()
+    if after != before:
+        gc.collect()                   # a reference cycle may still hold one; that is no leak
+        after = live_batches()
+    if after != before:
+        raise Finding(f"{after - before} C batch(es) still allocated after the input: a leak")
+
+
 def check_commitlog(model: Model, cl: native.CommitLog, units) -> None:
     """min_offset, valid_end (with and without CRC) and store_timestamp of some units."""
     if cl.min_offset != model.cl.min_offset:
@@ -416,6 +435,12 @@ def raw_unit_list(raw_units: bytes, fs: int, base: int) -> list[tuple[int, int, 
 
 
 def record_target(data: bytes) -> None:
+    before = live_batches()
+    _record_input(data)
+    check_released(before)
+
+
+def _record_input(data: bytes) -> None:
     k, rest = Knobs.parse(data)
     ws = _workspace()
     fs, base, files, raw_units = record_layout(k, rest)
@@ -476,32 +501,48 @@ def _record(topic: str, body: bytes = b"", props: bytes = b"", *, born=("10.0.0.
         properties=props, v2=v2)
 
 
-def crafted_records() -> list[bytes]:
-    """Records covering the format's variants (seeds and the fixed CommitLog use them); the last
-    two are corrupt: a wrong BODYCRC, then invalid UTF-8 in the properties. Store times follow
-    those of the reference store's records."""
+def crafted_records() -> dict[str, bytes]:
+    """Records covering the format's variants, by name (seeds and the fixed CommitLog use them);
+    the last two are corrupt: a wrong BODYCRC, then invalid UTF-8 in the properties. Store times
+    follow those of the reference store's records."""
     ts = 1_800_000_000_000
-    recs = [
-        _record("T", b"hello", b"TAGS\x01TagA\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01ABC", ts=ts),
-        _record("T", b"", b"TAGS\x01TagB", ts=ts + 1),
-        _record("T", b"untagged", b"", ts=ts + 2),
-        _record("L" * 140, b"v2 body", b"TAGS\x01TagA\x02", ts=ts + 3, v2=True),
-        _record("T", b"v6", b"TAGS\x01Aa", born=("::1", 40000), store=("2001:db8::a:0:1", 10911),
-                ts=ts + 4),
-        _record("T", b"mapped", b"TAGS\x01BB", born=("::ffff:192.0.2.7", 5), store=("10.1.2.3", -1),
-                ts=ts + 5),
-        _record("T", zlib.compress(b"hello " * 40), b"TAGS\x01TagA\x02", sysflag=0x1, ts=ts + 6),
-        _record("T", zlib.compress(b"z" * 99), b"", sysflag=0x301, ts=ts + 7),
-        _record("T", b"props", b"TAGS\x01\xe3\x82\xbf\xe3\x82\xb0\x02\xe5\x90\x8d\x01\xe5\x80\xa4"
-                b"\x02e\x01\x02\x01v\x02novalue\x02k\x01a\x01b\x02k\x01last\x02", ts=ts + 8),
-        _record("T", b"many", "\x02".join(f"k{i % 20}\x01v{i}" for i in range(45)).encode(),
-                ts=ts + 9),
-        _record("T", b"keys", b"KEYS\x01   \x02TAGS\x01TagB\x02UNIQ_KEY\x01U", ts=ts + 10),
-    ]
-    bad_crc = bytearray(_record("T", b"bad crc", b"TAGS\x01TagA", ts=ts + 11))
+    many_keys = " ".join(f"key{i}" for i in range(120))
+    big_props = (f"KEYS\x01 {many_keys}  \x02UNIQ_KEY\x01{'U' * 300}\x02TAGS\x01TagA\x02" +
+                 "\x02".join(f"p{i}\x01{'v' * i}" for i in range(1, 25))).encode()
+    recs = {
+        "v1": _record("T", b"hello", b"TAGS\x01TagA\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01ABC", ts=ts),
+        "tag_b": _record("T", b"", b"TAGS\x01TagB", ts=ts + 1),
+        "untagged": _record("T", b"untagged", b"", ts=ts + 2),
+        "v2": _record("L" * 140, b"v2 body", b"TAGS\x01TagA\x02", ts=ts + 3, v2=True),
+        "v6": _record("T", b"v6", b"TAGS\x01Aa", born=("::1", 40000),
+                      store=("2001:db8::a:0:1", 10911), ts=ts + 4),
+        "mapped": _record("T", b"mapped", b"TAGS\x01BB", born=("::ffff:192.0.2.7", 5),
+                          store=("10.1.2.3", -1), ts=ts + 5),
+        "zlib_legacy": _record("T", zlib.compress(b"hello " * 40), b"TAGS\x01TagA\x02",
+                               sysflag=0x1, ts=ts + 6),
+        "zlib_type": _record("T", zlib.compress(b"z" * 99), b"", sysflag=0x301, ts=ts + 7),
+        # non-ASCII entry, empty value, empty name, no separator, 0x01 in a value, duplicate
+        "props": _record("T", b"props", "TAGS\x01タグ\x02名\x01値\x02e\x01\x02\x01v\x02novalue\x02"
+                         "k\x01a\x01b\x02k\x01last\x02".encode(), ts=ts + 8),
+        "many": _record("T", b"many",
+                        "\x02".join(f"k{i % 20}\x01v{i}" for i in range(45)).encode(), ts=ts + 9),
+        "keys": _record("T", b"keys", b"KEYS\x01   \x02TAGS\x01TagB\x02UNIQ_KEY\x01U", ts=ts + 10),
+        # long strings: batch buffers grow after a few rows
+        "big_props": _record("T", b"b" * 40, big_props, ts=ts + 11),
+        "big_body": _record("T", bytes(range(256)) * 6, b"TAGS\x01TagB", ts=ts + 12),
+        # over 128 bytes, few entries: a shape a decoder may remember from row to row
+        "long_props": _record("T", b"lp", b"src\x01fuzz-corpus-generator-for-rmq-source\x02KEYS\x01KEY-1 ORDER-2\x02"
+                              b"UNIQ_KEY\x01C0A8000100002A9F0000000000000001\x02CLUSTER\x01"
+                              b"DefaultCluster\x02TAGS\x01TagC\x02seq\x011", ts=ts + 12),
+        # multi-byte UTF-8 of every length, also as the last bytes of the properties
+        "utf8_edges": _record("T", b"u", "KEYS\x01é ⌘ 😀\x02TAGS\x01タグ\x02n\x01"
+                              "\u07ff\ud7ff\U0010ffff".encode(), ts=ts + 12),
+        "utf8_topic": _record("Tópico😀", b"t", "x\x01é".encode(), ts=ts + 12),
+    }
+    bad_crc = bytearray(_record("T", b"bad crc", b"TAGS\x01TagA", ts=ts + 13))
     bad_crc[8:12] = struct.pack(">i", 12345)
-    recs.append(bytes(bad_crc))
-    recs.append(_record("T", b"bad utf8", b"TAGS\x01TagB\x02x\x01\xc3\x28", ts=ts + 12))
+    recs["bad_crc"] = bytes(bad_crc)
+    recs["bad_utf8"] = _record("T", b"bad utf8", b"TAGS\x01TagB\x02x\x01\xc3\x28", ts=ts + 14)
     return recs
 
 
@@ -523,19 +564,23 @@ def fixture_records(limit: int = 4, max_size: int = 700) -> list[bytes]:
     return out
 
 
-def layout_records(records: list[bytes], fs: int) -> tuple[list[bytes], list[tuple[int, int]]]:
+def layout_records(records: list[bytes], fs: int, base: int = 0,
+                   first_queue_offset: int = 0) -> tuple[list[bytes], list[tuple[int, int]]]:
     """Place records as the broker does (a record goes in only if size + 8 <= space left, else
-    a BLANK fills the file); returns full-size files (plus one zero file) and (phy, size)."""
+    a BLANK fills the file), with QUEUEOFFSET and PHYSICALOFFSET set to where they land (the
+    CommitLog starting at ``base``); returns full-size files (plus one zero file) and
+    (phy, size) of each record."""
     files, placed = [bytearray()], []
-    for rec in records:
+    for i, rec in enumerate(records):
         cur = files[-1]
         if len(rec) + 8 > fs - len(cur):
             left = fs - len(cur)
             cur += rc.blank_record(left) + bytes(left - 8)
             files.append(bytearray())
             cur = files[-1]
-        placed.append(((len(files) - 1) * fs + len(cur), len(rec)))
-        cur += rec
+        phy = base + (len(files) - 1) * fs + len(cur)
+        placed.append((phy, len(rec)))
+        cur += rec[:20] + struct.pack(">qq", first_queue_offset + i, phy) + rec[36:]
     files[-1] += bytes(fs - len(files[-1]))
     files.append(bytearray(fs))                      # the preallocated next file
     return [bytes(f) for f in files], placed
@@ -543,7 +588,8 @@ def layout_records(records: list[bytes], fs: int) -> tuple[list[bytes], list[tup
 
 def fixed_commitlog() -> tuple[list[bytes], list[tuple[int, int, int]]]:
     """The queue target's CommitLog: (file contents, (phy, size, tagsCode) of every record)."""
-    files, placed = layout_records(fixture_records() + crafted_records(), QUEUE_CL_FILE_SIZE)
+    files, placed = layout_records(fixture_records() + list(crafted_records().values()),
+                                   QUEUE_CL_FILE_SIZE)
     units = []
     for phy, size in placed:
         idx, pos = divmod(phy, QUEUE_CL_FILE_SIZE)
@@ -571,6 +617,11 @@ class QueueTarget:
             check_commitlog(model, cl, [(p, s) for p, s, _ in self.units] + [(0, 1), (fs, 91)])
 
     def run(self, data: bytes) -> None:
+        before = live_batches()
+        self._run(data)
+        check_released(before)
+
+    def _run(self, data: bytes) -> None:
         k, cq_bytes = Knobs.parse(data)
         model, cl = self.views[1 if k.has(F_CL_BASE) else 0]
         model.trim_cache()

@@ -1,13 +1,16 @@
 """Reference model of the C core's read contract, in plain Python, for the fuzz targets.
 
 The fuzz targets run ``rmq_source.native`` (C) and this model on the same files and require the
-same answer. The model is written from the contracts (docs/rocketmq-store-format.md §2.3, §2.4,
-§3, §4.1, §7; DESIGN.md "native.py"), not from the C source, and is deliberately slow and literal.
-It never imports ``rmq_source``.
+same answer. The model follows the contracts (docs/rocketmq-store-format.md §2.3, §2.4, §3,
+§4.1, §7; DESIGN.md "native.py") and is deliberately slow and literal; where they leave a choice
+open (which check decides when several would fail, that max_rows stops a scan before the next
+record is read, that a record rejected by its TAGS is not CRC-checked) it follows the C core's
+current behaviour. It never imports ``rmq_source``.
 
 Outcomes are compared loosely where the contract is loose: an error is "corrupt" (the C core must
-raise RmqCorruptStoreError) or "layout" (RmqStoreLayoutError, a missing ConsumeQueue file); the
-exact error code is not compared, only which file and byte position the error names.
+raise RmqCorruptStoreError), "layout" (RmqStoreLayoutError, a missing ConsumeQueue file) or
+"option" (RmqOptionError); the exact error code is not compared, only which file and byte
+position the error names.
 
 Queue model: a file queue is ``Files`` (consecutive files, each at most ``file_size`` bytes).
 """

@@ -1,13 +1,14 @@
 """atheris entry point: ``python tests/fuzz/fuzz_target.py TARGET [libFuzzer args...]``.
 
 TARGET is ``record`` or ``queue`` (see fuzz_harness). The remaining arguments go to libFuzzer
-(corpus folders, -max_total_time=, -runs=, -artifact_prefix=, or input files to replay). Python
-code is instrumented for coverage; the C core is not (it
-runs under AddressSanitizer when run_fuzz.py starts this script with the ASan build). Only
-rmq_source (native.py is the part that runs per input) and the model are instrumented: the model's branches mirror the C core's
-decisions, and instrumenting more (the harness, pyarrow) costs speed without guiding better.
+(corpus folders, -max_total_time=, -runs=, -artifact_prefix=, or input files to replay).
 
-RMQ_FUZZ_SELFTEST=python|segv makes every input fail (an AssertionError, or a NULL read in C);
+Coverage feedback comes from instrumented Python only: rmq_source (native.py is what runs per
+input) and the model, whose branches mirror the C core's decisions. The C core itself is not
+instrumented; run_fuzz.py runs it under AddressSanitizer. Instrumenting more (the harness,
+pyarrow) costs speed without guiding better.
+
+RMQ_FUZZ_SELFTEST=python|segv makes every input fail (an AssertionError, or a wild read in C);
 run_fuzz.py's self-check uses it to prove that findings are detected.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main() -> None:
             raise fuzz_harness.Finding("self-test finding")
         if selftest == "segv":
             import ctypes
-            ctypes.string_at(0, 1)
+            ctypes.string_at(8, 1)          # (address 0 would make a fresh buffer)
         target(data)
 
     atheris.Setup(sys.argv, test_one_input)

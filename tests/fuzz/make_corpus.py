@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -36,19 +37,22 @@ def _size_sel(fs: int, n_raw: int = 0) -> int:
     return (fs.bit_length() - 8) | (n_raw << 4)     # fs = 128 << (sel & 7)
 
 
-def _cl(records: list[bytes], fs: int) -> bytes:
+def _cl(records: list[bytes], fs: int, base: int = 0, first_queue_offset: int = 0) -> bytes:
     """CommitLog bytes of the record target: files laid out as the broker does, the last file
     cut after its data (the harness pads nothing)."""
-    files, placed = fh.layout_records(records, fs)
-    end = placed[-1][0] + placed[-1][1] if placed else 0
+    files, placed = fh.layout_records(records, fs, base, first_queue_offset)
+    end = placed[-1][0] - base + placed[-1][1] if placed else 0
     return b"".join(files)[:end]
 
 
 def record_seeds() -> dict[str, bytes]:
-    recs = fh.crafted_records()
+    r = fh.crafted_records()
+    v1, tag_b, untagged, v2, v6, mapped = (r[n] for n in ("v1", "tag_b", "untagged", "v2", "v6",
+                                                          "mapped"))
+    zlib_legacy, zlib_type, props, many, keys = (r[n] for n in ("zlib_legacy", "zlib_type",
+                                                                "props", "many", "keys"))
+    bad_crc, bad_utf8 = r["bad_crc"], r["bad_utf8"]
     fixture = fh.fixture_records()
-    v1, tag_b, untagged, v2, v6, mapped, zlib_legacy, zlib_type, props, many, keys, bad_crc, \
-        bad_utf8 = recs
     seeds = {
         "v1_basic": knobs(size=_size_sel(1024)) + _cl([v1, tag_b, untagged], 1024),
         "v2_long_topic": knobs(size=_size_sel(512)) + _cl([v2, v1], 512),
@@ -56,6 +60,7 @@ def record_seeds() -> dict[str, bytes]:
         "compressed": knobs(size=_size_sel(1024)) + _cl([zlib_legacy, zlib_type], 1024),
         "properties_trailing_sep": knobs(size=_size_sel(1024)) + _cl([props, keys, v2], 1024),
         "many_properties": knobs(size=_size_sel(1024)) + _cl([many], 1024),
+        "big_records": knobs(size=_size_sel(4096)) + _cl([r["big_props"], r["big_body"]], 4096),
         # records fill 256-byte files: BLANK ends, next file, preallocated zero file
         "blank_multi_file": knobs(F_EXTRA, size=_size_sel(256)) + _cl([v1, tag_b, untagged, v1],
                                                                        256),
@@ -67,12 +72,18 @@ def record_seeds() -> dict[str, bytes]:
                                    raw=0x1234_5678_9ABC) + _cl([v1, tag_b, untagged], 1024),
         "verify_crc": knobs(F_VERIFY_CRC, size=_size_sel(512)) + _cl([v1, bad_crc], 512),
         "bad_utf8": knobs(size=_size_sel(512)) + _cl([v1, bad_utf8], 512),
+        "utf8_edges": knobs(size=_size_sel(1024)) + _cl([r["utf8_edges"], r["utf8_topic"]], 1024),
+        # no properties right after rows with long ones (nothing may carry over between rows)
+        "empty_after_long_props": knobs(size=_size_sel(1024)) +
+        _cl([r["long_props"], r["long_props"], untagged, r["long_props"], zlib_type], 1024),
         "max_rows_1": knobs(rows=0, size=_size_sel(1024)) + _cl([v1, tag_b, untagged], 1024),
+        "filter_max_rows_2": knobs(F_FILTER, rows=1, size=_size_sel(1024), u32=0b00011) +
+        _cl([v1, tag_b, untagged, v1, tag_b], 1024),
         "small_max_bytes": knobs(F_SMALL_BYTES, size=_size_sel(1024), u32=40 << 5) +
         _cl([v1, tag_b, zlib_legacy, untagged], 1024),
         "cl_base_preblank": knobs(F_CL_BASE | F_PREBLANK, size=_size_sel(512, 2)) +
         struct.pack(">qiq", 0, 120, 0) + struct.pack(">qiq", 1 << 40, 100, 0) +
-        _cl([v1, untagged], 512),
+        _cl([v1, untagged], 512, base=2 * 512, first_queue_offset=2),
         "raw_units": knobs(size=_size_sel(512, 4)) +
         struct.pack(">qiq", 0, 7, 0) +                   # wrong size
         struct.pack(">qiq", 4, 100, 0) +                 # inside a record
@@ -92,6 +103,7 @@ def record_seeds() -> dict[str, bytes]:
 
 def queue_seeds() -> dict[str, bytes]:
     _files, units = fh.fixed_commitlog()
+    unit_of = dict(zip(list(fh.crafted_records()), units[len(fh.fixture_records()):]))
     # the last two records are corrupt (BODYCRC, UTF-8): most seeds stop before them
     valid = b"".join(fh.UNIT.pack(*u) for u in units[:-2])
     with_bad_crc = b"".join(fh.UNIT.pack(*u) for u in units[:-1])
@@ -113,6 +125,9 @@ def queue_seeds() -> dict[str, bytes]:
         "preblank_then_units": knobs(size=15) + pre + valid,
         "trailing_zero_units": knobs(size=15) + valid + bytes(60),
         "odd_units": knobs(size=15) + odd,
+        "empty_after_long_props": knobs(size=15) + b"".join(
+            fh.UNIT.pack(*unit_of[n]) for n in ("long_props", "long_props", "untagged",
+                                                  "long_props", "zlib_type")),
         "size_mismatch": knobs(size=15) + valid[:40] + fh.UNIT.pack(p1, s1 - 1, 0),
         "filter_tags": knobs(F_FILTER | F_TAGS, size=15, u32=0b01101) + valid,
         "filter_codes": knobs(F_FILTER, size=per_file_4, u32=0b00110) + valid,
@@ -127,6 +142,7 @@ def queue_seeds() -> dict[str, bytes]:
         "many_rows": knobs(size=15) + valid * 7,
         "many_rows_filtered": knobs(F_FILTER, size=15, u32=0b11111) + valid * 7,
         "max_rows_2": knobs(rows=1, size=15) + valid,
+        "filter_max_rows_3": knobs(F_FILTER, rows=2, size=15, u32=0b00011) + valid,
         "small_max_bytes": knobs(F_SMALL_BYTES, size=15, u32=300 << 5) + valid,
         "raw_args": knobs(F_RAW_ARGS, size=15, u32=0x0100_0830, raw=0x0000_1000_0000_8004) +
         valid,
@@ -135,8 +151,49 @@ def queue_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def dictionary() -> dict[str, bytes]:
+    """libFuzzer dictionary: byte strings whose values matter to the decoder (magic codes,
+    boundary integers, property names and separators, UTF-8 edge sequences, tag hash codes)."""
+    words = {
+        "magic_v1": struct.pack(">I", 0xDAA320A7), "magic_v2": struct.pack(">I", 0xDAA320AB),
+        "magic_blank": struct.pack(">I", 0xCBD43194),
+        "int_max": b"\x7f\xff\xff\xff", "int_min": b"\x80\x00\x00\x00",
+        "minus_one": b"\xff\xff\xff\xff", "zero64": bytes(8),
+        "sysflag_v6_both": struct.pack(">i", 0x30), "sysflag_born_v6": struct.pack(">i", 0x10),
+        "sysflag_store_v6": struct.pack(">i", 0x20), "sysflag_zlib": struct.pack(">i", 0x301),
+        "v4_mapped": bytes(10) + b"\xff\xff",
+        "prop_tags": b"TAGS\x01", "prop_keys": b"KEYS\x01", "prop_uniq": b"UNIQ_KEY\x01",
+        "sep_name": b"\x01", "sep_entry": b"\x02", "space": b" ",
+        # UTF-8: the first invalid and last valid of each class
+        "u_surrogate": b"\xed\xa0\x80", "u_before_surrogate": b"\xed\x9f\xbf",
+        "u_above_max": b"\xf4\x90\x80\x80", "u_max": b"\xf4\x8f\xbf\xbf",
+        "u_overlong2": b"\xc0\x80", "u_overlong2b": b"\xc1\xbf", "u_min2": b"\xc2\x80",
+        "u_overlong3": b"\xe0\x80\x80", "u_min3": b"\xe0\xa0\x80",
+        "u_overlong4": b"\xf0\x80\x80\x80", "u_min4": b"\xf0\x90\x80\x80",
+        "u_f5": b"\xf5\x80\x80\x80", "u_cont": b"\x80", "u_bmp_max": b"\xef\xbf\xbf",
+        "u_lead3": b"\xe3\x82", "u_lead4": b"\xf0\x9f\x98",
+    }
+    for tag in fh.TAG_POOL:
+        words[f"hash_{tag.encode('unicode_escape').decode()}"] = struct.pack(
+            ">q", fh.fm.java_hash(tag))
+    return words
+
+
+def write_dictionary(path: str | os.PathLike) -> Path:
+    lines = []
+    for name, value in dictionary().items():
+        escaped = "".join(chr(b) if 0x20 <= b < 0x7F and chr(b) not in '"\\' else f"\\x{b:02x}"
+                          for b in value)
+        lines.append(f'{re.sub(r"[^A-Za-z0-9_]", "_", name)}="{escaped}"')
+    Path(path).write_text("\n".join(lines) + "\n", encoding="ascii")
+    return Path(path)
+
+
 def write(outdir: str | os.PathLike) -> dict[str, Path]:
-    """Write both corpora; returns {target: folder}. File names are content hashes."""
+    """Write both corpora and OUTDIR/fuzz.dict; returns {target: folder}. File names are content
+    hashes."""
+    Path(outdir).mkdir(parents=True, exist_ok=True)
+    write_dictionary(Path(outdir) / "fuzz.dict")
     out = {}
     for target, seeds in (("record", record_seeds()), ("queue", queue_seeds())):
         folder = Path(outdir) / target

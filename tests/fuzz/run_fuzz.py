@@ -164,11 +164,13 @@ def run_target(target: str, args, env: dict, seeds: Path, workdir: Path) -> dict
     artifacts.mkdir(parents=True, exist_ok=True)
     logfile = workdir / "logs" / f"{target}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
-    before = set(artifacts_of(artifacts))
+    # libFuzzer names an artifact after the input's hash: the same crash again rewrites the file
+    before = {p: p.stat().st_mtime_ns for p in artifacts_of(artifacts)}
     cmd = [sys.executable, str(HERE / "fuzz_target.py"), target, str(corpus), str(seeds / target),
            f"-max_total_time={args.seconds}", f"-max_len={args.max_len or MAX_LEN[target]}",
            f"-timeout={args.unit_timeout}", f"-rss_limit_mb={args.rss_limit_mb}",
-           f"-artifact_prefix={artifacts}{os.sep}", "-print_final_stats=1"]
+           f"-artifact_prefix={artifacts}{os.sep}", f"-dict={seeds / 'fuzz.dict'}",
+           "-print_final_stats=1"]
     if args.runs is not None:
         cmd.append(f"-runs={args.runs}")
     if args.seed is not None:
@@ -188,12 +190,14 @@ def run_target(target: str, args, env: dict, seeds: Path, workdir: Path) -> dict
             hung = True
     elapsed = time.monotonic() - started
     output = logfile.read_text(encoding="utf-8", errors="replace")
-    new_artifacts = [p for p in artifacts_of(artifacts) if p not in before]
+    new_artifacts = [p for p in artifacts_of(artifacts)
+                     if before.get(p) != p.stat().st_mtime_ns]
     markers = [m for m in ERROR_MARKERS if m in output]
     result = {"target": target, "returncode": rc, "hung": hung, "seconds": round(elapsed, 1),
               "artifacts": [str(p) for p in new_artifacts], "error_markers": markers,
               "log": str(logfile), **_stats(output)}
     result["clean"] = rc == 0 and not hung and not new_artifacts and not markers
+    result["coverage_feedback"] = args.coverage_feedback
     return result
 
 
@@ -243,7 +247,7 @@ def parse_args(argv=None):
                    help="build the ASan C core from this copy of native/ (default: the repo's; "
                         "a copy with a planted bug checks that the fuzzers find it)")
     p.add_argument("--max-len", type=int, default=None,
-                   help=f"largest input in bytes (default {MAX_LEN})")
+                   help="largest input in bytes (default 4096)")
     p.add_argument("--unit-timeout", type=int, default=30,
                    help="seconds one input may take before it counts as a hang")
     p.add_argument("--rss-limit-mb", type=int, default=3072)
@@ -274,10 +278,12 @@ def main(argv=None) -> int:
     try:
         preload: list[str] = []
         asan_dir = None
+        args.coverage_feedback = True
         if not args.no_asan:
             asan_dir = asan_module(workdir / "build", args.native_dir.resolve())
             shim = libfuzzer_shim(workdir / "build")
             if shim is None:
+                args.coverage_feedback = False
                 log("warning: could not link atheris's libFuzzer into a shared library; Python "
                     "coverage is lost under libasan (inputs are mutated blindly)")
             preload = ([shim] if shim else []) + [libasan()]
