@@ -14,6 +14,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "rmq_core.h")
 SOURCE = os.path.join(HERE, "rmq_core.c")
 
+# No -march: pip compiles the package on the target machine, but a wheel or a shared build tree
+# must not assume its CPU. The only wider instructions (AVX2 streaming stores) sit in two small
+# functions compiled with a target attribute and are chosen at run time (rmq_core.c, have_avx2).
 RELEASE_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                  "-fno-strict-aliasing"]
 
