@@ -834,6 +834,20 @@ class StoreWriter:
                                  f"{rc.MAX_PROPERTIES_LENGTH} allowed")
         return raw, entries.get("TAGS")
 
+    def _timestamps(self, store_timestamp: int | None, born_timestamp: int | None) -> tuple[int, int]:
+        """(store, born) epoch ms: store defaults to now and never decreases within this writer;
+        born defaults to the store timestamp."""
+        if store_timestamp is None:
+            store_ts = max(_time_ns() // 1_000_000, self._last_store_ts)
+        else:
+            store_ts = _int_arg("store_timestamp", store_timestamp, 0, _INT64_MAX)
+            if store_ts < self._last_store_ts:
+                raise RmqOptionError(f"store_timestamp={store_ts} is before the previous record's "
+                                     f"{self._last_store_ts}; store timestamps never decrease")
+        born_ts = store_ts if born_timestamp is None else _int_arg("born_timestamp", born_timestamp,
+                                                                   0, _INT64_MAX)
+        return store_ts, born_ts
+
     def append(self, topic: str, body: bytes = b"", *, queue_id: int | None = None,
                tags: str | None = None, **options: Any) -> AppendResult:
         """Append one message; returns where it went.
@@ -946,16 +960,7 @@ class StoreWriter:
             if sys_flag_extra & rc.FLAG_COMPRESSED:
                 raise RmqOptionError("sys_flag_extra must not set the compressed bit 0x1; use "
                                      "compression=")
-        now = _time_ns() // 1_000_000
-        if store_timestamp is None:
-            store_ts = now if now > self._last_store_ts else self._last_store_ts
-        else:
-            store_ts = _int_arg("store_timestamp", store_timestamp, 0, _INT64_MAX)
-            if store_ts < self._last_store_ts:
-                raise RmqOptionError(f"store_timestamp={store_ts} is before the previous record's "
-                                     f"{self._last_store_ts}; store timestamps never decrease")
-        born_ts = store_ts if born_timestamp is None else _int_arg("born_timestamp", born_timestamp,
-                                                                   0, _INT64_MAX)
+        store_ts, born_ts = self._timestamps(store_timestamp, born_timestamp)
         bh = self.born_host if born_host is None else _host(born_host, "born_host")
         sh = self.store_host if store_host is None else _host(store_host, "store_host")
 
@@ -1047,16 +1052,7 @@ class StoreWriter:
         if properties is not None and isinstance(properties, Mapping) and "UNIQ_KEY" in properties:
             raise RmqOptionError("append_batch: properties must not set UNIQ_KEY (each member gets "
                                  "its own)")
-        now = _time_ns() // 1_000_000
-        if store_timestamp is None:
-            store_ts = max(now, self._last_store_ts)
-        else:
-            store_ts = _int_arg("store_timestamp", store_timestamp, 0, _INT64_MAX)
-            if store_ts < self._last_store_ts:
-                raise RmqOptionError(f"store_timestamp={store_ts} is before the previous record's "
-                                     f"{self._last_store_ts}; store timestamps never decrease")
-        born_ts = store_ts if born_timestamp is None else _int_arg("born_timestamp", born_timestamp,
-                                                                   0, _INT64_MAX)
+        store_ts, born_ts = self._timestamps(store_timestamp, born_timestamp)
         qid = self._select_queue(t, queue_id, None, None, None)
         # property bytes around the UNIQ_KEY value, shared by every member
         sentinel = "\x00rmq-uniq-key\x00"
