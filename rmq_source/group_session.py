@@ -65,7 +65,7 @@ class GroupSession:
         self.locks = QueueLockManager(self.state_dir, self.group, lease_ms=opts.lock_lease_ms)
         self.view = ClientLockView(self.locks, self.client_id,
                                    client_lease_ms=opts.client_lock_lease_ms)
-        self._plans_path = group_state_path(self.state_dir, self.group, "plans.jsonl")
+        self.plans_path = group_state_path(self.state_dir, self.group, "plans.jsonl")
         self._held: set[MessageQueue] = set()   # queues read in the last planned batch
         self._fresh_process = True              # nothing planned yet by this process
         self._mutex = threading.Lock()
@@ -150,28 +150,36 @@ class GroupSession:
             self._fresh_process = False
         return read, moved
 
-    def record_plan(self, start: dict, end: dict, read: set[MessageQueue]) -> None:
-        """Persist which queues the batch (start, end) reads, before Spark logs the batch."""
+    def record_plan(self, start: dict, end: dict, read: set[MessageQueue], first: bool = False
+                    ) -> None:
+        """Persist which queues the batch (start, end) reads, before Spark logs the batch.
+
+        ``first`` marks a query's first batch: its start offsets are kept too, because Spark re-runs
+        that batch after a restart from a freshly computed ``initialOffset`` (see
+        :meth:`first_batch_plan`).
+        """
         rec = {"key": plan_key(start, end), "end": plan_key(end, end), "client": self.client_id,
                "read": sorted(queue_key(mq) for mq in read)}
-        with file_lock(self._plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
-            append_jsonl(self._plans_path, [rec])
-            if os.path.getsize(self._plans_path) > 4 << 20:
+        if first:
+            rec["start"] = start
+        with file_lock(self.plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
+            append_jsonl(self.plans_path, [rec])
+            if os.path.getsize(self.plans_path) > 4 << 20:
                 self._compact()
 
     def _compact(self) -> None:
-        with open(self._plans_path, encoding="utf-8") as f:
+        with open(self.plans_path, encoding="utf-8") as f:
             lines = f.readlines()[-_PLANS_KEEP:]
-        tmp = self._plans_path + ".tmp"
+        tmp = self.plans_path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(lines)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self._plans_path)
+        os.replace(tmp, self.plans_path)
 
     def _plans(self):
         try:
-            with open(self._plans_path, encoding="utf-8") as f:
+            with open(self.plans_path, encoding="utf-8") as f:
                 lines = f.readlines()
         except FileNotFoundError:
             return
@@ -192,6 +200,24 @@ class GroupSession:
             if rec.get("key") == key:
                 return self._queues_of(rec)
         return None
+
+    def first_batch_plan(self, end: dict) -> tuple[dict, set[MessageQueue]] | None:
+        """The (start offsets, queues read) recorded for a query's first batch ending at ``end``.
+
+        None when there is none, or when several first batches of the group end at ``end`` with
+        different plans (then nothing says which one was this query's).
+        """
+        key = plan_key(end, end)
+        found = {}
+        for rec in self._plans():
+            if rec.get("end") == key and isinstance(rec.get("start"), dict):
+                if rec.get("client") == self.client_id:
+                    return rec["start"], self._queues_of(rec)
+                found[json.dumps([rec["start"], rec["read"]], sort_keys=True)] = rec
+        if len(found) != 1:
+            return None
+        rec = next(iter(found.values()))
+        return rec["start"], self._queues_of(rec)
 
     def reads_of_batch_ending_at(self, end: dict) -> set[MessageQueue]:
         """After a restart: the queues the committed batch ending at ``end`` read.

@@ -51,6 +51,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_batch_at = time.monotonic()
         self._committed: dict[MessageQueue, int] | None = None
         self._fresh = False  # set by initialOffset: the next batch is the new query's first
+        self._initial: dict | None = None
         self._session: GroupSession | None = None
 
     @property
@@ -67,14 +68,19 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return sorted(set(discover_queues(self.catalog, self.opts)) | set(known))
 
     def initialOffset(self) -> dict:
-        # A position forced by options wins over the group's progress in the first batch.
-        self._fresh = (self.opts.starting_timestamp is not None
-                       or self.opts.starting_offsets != "group")
-        mqs = self._queues()
-        starts = starting_offsets(self.catalog, mqs, self.opts, self.group_store)
-        infos = self.catalog.infos(mqs)
-        return to_json_dict({mq: check_data_loss(mq, starts[mq], infos[mq], self.opts.fail_on_data_loss)
-                             for mq in mqs})
+        """Where a new query starts. Computed once per reader: Spark asks again when it runs the
+        first batch, and the answer must be the start that batch was planned from."""
+        if self._initial is None:
+            # A position forced by options wins over the group's progress in the first batch.
+            self._fresh = (self.opts.starting_timestamp is not None
+                           or self.opts.starting_offsets != "group")
+            mqs = self._queues()
+            starts = starting_offsets(self.catalog, mqs, self.opts, self.group_store)
+            infos = self.catalog.infos(mqs)
+            self._initial = to_json_dict(
+                {mq: check_data_loss(mq, starts[mq], infos[mq], self.opts.fail_on_data_loss)
+                 for mq in mqs})
+        return self._initial
 
     def _latest(self, mqs) -> dict[MessageQueue, int]:
         infos = self.catalog.infos(mqs)
@@ -115,7 +121,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._last_batch_at = time.monotonic()
         end_json = to_json_dict(end)
         if self.session is not None:
-            self.session.record_plan(start, end_json, read)
+            self.session.record_plan(start, end_json, read, first=start == self._initial)
             if self._target is not None and end == starts and all(
                     latest[mq] >= self._target.get(mq, 0) for mq in read):
                 # Trigger.AvailableNow is done (Spark may not stop this process promptly): give
@@ -191,10 +197,16 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.session is not None:
             planned = self.session.planned_reads(start, end)
             if planned is None:
-                raise RmqLockError(
-                    f"consumer group {self.opts.consumer_group!r}: no plan recorded for the batch "
-                    f"{start} -> {end} in {self.session._plans_path}; the group's state folder was "
-                    "removed or is not shared by this query")
+                # A restarted query re-running its first batch: Spark asks initialOffset again, and
+                # the group may have moved since; the recorded plan holds the start it was planned from.
+                first = self.session.first_batch_plan(end)
+                if first is None:
+                    raise RmqLockError(
+                        f"consumer group {self.opts.consumer_group!r}: no plan recorded for the batch "
+                        f"{start} -> {end} in {self.session.plans_path}; the group's state folder was "
+                        "removed or is not shared by this query")
+                start, planned = first
+                starts = from_json_dict(start, what="recorded start offset")
             ends = {mq: o for mq, o in ends.items() if mq in planned}
         infos = self.catalog.infos(list(ends))
         ranges = []

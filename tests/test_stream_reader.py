@@ -104,3 +104,32 @@ def test_partitions_one_task_per_queue_in_order(store):
 def test_share_limit(backlog, limit, expected):
     got = share_limit(backlog, limit)
     assert got == expected and sum(got.values()) == min(limit, sum(backlog.values()))
+
+
+def _ranges(parts):
+    return sorted((rg.queue_id, rg.start, rg.end) for p in parts for rg in p.ranges)
+
+
+def test_first_batch_reads_from_the_start_it_was_planned_from(store):
+    """Spark asks ``initialOffset`` again when it runs the first batch, and again in a restarted
+    process re-running it; meanwhile the group's progress moved. The batch still reads from the
+    start it was planned from."""
+    group = dict(consumerGroup="GF", startingOffsets="group", consumeFromWhere="CONSUME_FROM_FIRST_OFFSET")
+    r = _reader(store, clientId="first", **group)
+    try:
+        start = r.initialOffset()
+        end = r.latestOffset(start, ReadAllAvailable())
+        for mq in from_json_dict(start):  # another member of the group commits meanwhile
+            r.group_store.update_offset(mq, 7, increase_only=False)
+        r.group_store.persist(list(from_json_dict(start)))
+        assert r.initialOffset() == start
+        assert _ranges(r.partitions(r.initialOffset(), end)) == [(q, 0, 30) for q in range(3)]
+    finally:
+        r.stop()
+    restarted = _reader(store, clientId="restarted", **group)
+    try:
+        again = restarted.initialOffset()
+        assert again != start  # computed anew from the group's progress
+        assert _ranges(restarted.partitions(again, end)) == [(q, 0, 30) for q in range(3)]
+    finally:
+        restarted.stop()

@@ -1,10 +1,12 @@
 """A streaming query from a store into a parquet sink with a checkpoint, in its own process.
 
 ``python stream_query.py --store S --sink DIR --checkpoint DIR [--trigger 500|availableNow]
-[--max-per-trigger N] [--sleep-per-task SECONDS] [--timeout SECONDS]``
+[--max-per-trigger N] [--sleep-per-task SECONDS] [--timeout SECONDS] [--master local[N]]
+[--option NAME=VALUE ...]``
 
 The query reads every queue of ``--topic`` from the earliest offset (a restarted query resumes
-from its checkpoint). ``--sleep-per-task`` passes each task's rows through ``mapInArrow`` with a
+from its checkpoint); ``--option`` adds source options (e.g. ``consumerGroup=G``, and then
+``startingOffsets=group`` to start from the group's progress instead). ``--sleep-per-task`` passes each task's rows through ``mapInArrow`` with a
 pause first, so a micro-batch stays in flight long enough for a test to kill the process in the
 middle of it (the rows themselves are passed on unchanged). A processing-time query runs until the
 process is killed; an availableNow query exits 0 when it finished, 1 when it failed.
@@ -28,14 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-per-trigger", type=int, default=0)
     ap.add_argument("--sleep-per-task", type=float, default=0.0)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
+    options = {"storePath": args.store, "topic": args.topic, "startingOffsets": "earliest"}
+    for item in args.option:
+        name, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--option {item!r} is not NAME=VALUE")
+        options[name] = value
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from rmq_source import RocketMQDataSource
 
-    spark = (SparkSession.builder.master("local[2]").appName("rmq-fault-stream")
+    spark = (SparkSession.builder.master(args.master).appName("rmq-fault-stream")
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
@@ -44,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RocketMQDataSource)
 
-    reader = (spark.readStream.format("rmq").option("storePath", args.store)
-              .option("topic", args.topic).option("startingOffsets", "earliest"))
+    reader = spark.readStream.format("rmq").options(**options)
     if args.max_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", str(args.max_per_trigger))
     df = reader.load()
