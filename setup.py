@@ -22,6 +22,8 @@ setup(
         "test": [
             "pyspark==4.3.*", "pandas>=2,<3", "numpy", "lz4>=4", "zstandard>=0.22",
             "pytest>=8", "chispa>=0.10", "hypothesis>=6", "pytest-timeout",
+            # the bounded fuzz run of the C core (tests/test_fuzz.py) is part of the suite
+            "atheris>=2.3; platform_system == 'Linux'",
         ],
     },
     entry_points={"console_scripts": ["rmq-store=rmq_source.cli:main"]},
