@@ -221,7 +221,7 @@ def _generate(args) -> int:
             bar = tqdm(total=args.messages, unit="msg", file=sys.stderr, desc=args.topic,
                        mininterval=0.5)
         started = time.monotonic()
-        first = last = None
+        first = None
         try:
             for i in range(args.messages):
                 if args.rate is not None:
@@ -235,7 +235,6 @@ def _generate(args) -> int:
                 result = writer.append(args.topic, body, tags=rng.choice(tags) if tags else None,
                                        keys=keys)
                 first = first or result
-                last = result
                 if bar is not None and (i & 63 == 63 or i + 1 == args.messages):
                     bar.update(i + 1 - bar.n)
         finally:

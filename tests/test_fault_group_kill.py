@@ -14,11 +14,11 @@ lock leases expire, the survivors take its queues over from the group's committe
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import pytest
 
 from fault_helpers import procs
+from fault_helpers.sinks import union_of_sinks
 from rmq_source.locks import QueueLockManager, find_lock_overlaps, read_history
 from rmq_source.writer import StoreWriter
 from store_builder import append_messages, build_store
@@ -42,19 +42,6 @@ def _start(tmp_path, name):
     return procs.start("stream_query.py", args, tmp_path, name)
 
 
-def _union(spark, tmp_path, names):
-    keys: Counter = Counter()
-    per_query = {}
-    for name in names:
-        path = tmp_path / f"sink-{name}"
-        if not (path / "_spark_metadata").is_dir():  # no batch committed yet
-            per_query[name] = Counter()
-            continue
-        rows = spark.read.schema("queueId int, queueOffset long").parquet(str(path)).collect()
-        per_query[name] = Counter((r.queueId, r.queueOffset) for r in rows)
-        keys.update(per_query[name])
-    return keys, per_query
-
 
 def _wait_for(spark, tmp_path, names, done, what, running, timeout=240):
     def check():
@@ -62,12 +49,12 @@ def _wait_for(spark, tmp_path, names, done, what, running, timeout=240):
             if proc.poll() is not None:
                 raise AssertionError(f"query {name} exited with {proc.returncode}\n"
                                      f"{procs.tail(tmp_path, name)}")
-        got = _union(spark, tmp_path, names)
+        got = union_of_sinks(spark, tmp_path, names)
         return got if done(*got) else None
     try:
         return procs.wait_for(check, timeout, what, interval=2)
     except AssertionError as exc:
-        keys, _ = _union(spark, tmp_path, names)
+        keys, _ = union_of_sinks(spark, tmp_path, names)
         raise AssertionError(f"{exc}; {len(keys)} distinct messages in the sinks") from None
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 
 import pytest
 
+from fault_helpers.sinks import union_of_sinks
 from rmq_source.locks import find_lock_overlaps, read_history
 from rmq_source.writer import StoreWriter
 from store_builder import append_messages, build_store
@@ -34,28 +34,15 @@ def _start(spark, store, tmp_path, name):
             .trigger(processingTime="500 milliseconds").start())
 
 
-def _union(spark, tmp_path, names):
-    keys = Counter()
-    per_query = {}
-    for name in names:
-        path = tmp_path / f"sink-{name}"
-        if not (path / "_spark_metadata").exists():  # the query has not committed a batch yet
-            per_query[name] = Counter()
-            continue
-        rows = spark.read.schema("queueId int, queueOffset long").parquet(str(path)).collect()
-        per_query[name] = Counter((r.queueId, r.queueOffset) for r in rows)
-        keys.update(per_query[name])
-    return keys, per_query
-
 
 def _wait_for(spark, tmp_path, names, expected, timeout=150):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        keys, per_query = _union(spark, tmp_path, names)
+        keys, per_query = union_of_sinks(spark, tmp_path, names)
         if set(keys) >= expected:
             return keys, per_query
         time.sleep(2)
-    keys, per_query = _union(spark, tmp_path, names)
+    keys, per_query = union_of_sinks(spark, tmp_path, names)
     missing = sorted(expected - set(keys))[:10]
     raise AssertionError(f"the group did not consume everything in {timeout}s; missing e.g. {missing}")
 
@@ -96,7 +83,7 @@ def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path)
     keys, per_query = _wait_for(spark, tmp_path, names, expected)
     for q in (q1, q3):
         q.stop()
-    keys, per_query = _union(spark, tmp_path, names)
+    keys, per_query = union_of_sinks(spark, tmp_path, names)
     assert set(keys) == expected
     twice = {k for k, n in keys.items() if n > 1}
     assert twice <= set(per_query["c2"]), "only the stopped query's last batch may be read again"
