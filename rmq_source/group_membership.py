@@ -20,7 +20,8 @@ import time
 from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
-from rmq_source.statefile import JsonStateFile, check_group, group_state_path
+from rmq_source.statefile import (JsonStateFile, check_group, group_state_path,
+                                 group_table_validator)
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +42,16 @@ def _check_positive_ms(name: str, value: object) -> int:
     return value
 
 
+def _client_problem(cid: str, c: Any) -> str | None:
+    t = c.get("lastHeartbeatMs") if isinstance(c, dict) else None
+    if not cid or isinstance(t, bool) or not isinstance(t, int):
+        return f"client {cid!r} must have an integer lastHeartbeatMs, got {c!r}"
+    return None
+
+
 def _validator(group: str) -> Callable[[Any, str], dict]:
-    def validate(obj: Any, path: str) -> dict:
-        def bad(why: str) -> RmqLockError:
-            return RmqLockError(f"group membership file {path} is invalid: {why}")
-        if not isinstance(obj, dict) or obj.get("version") != STATE_VERSION:
-            raise bad(f"expected an object with \"version\": {STATE_VERSION}")
-        if obj.get("group") != group:
-            raise bad(f"it belongs to group {obj.get('group')!r}, not {group!r}")
-        clients = obj.get("clients")
-        if not isinstance(clients, dict):
-            raise bad("\"clients\" must be an object")
-        for cid, c in clients.items():
-            t = c.get("lastHeartbeatMs") if isinstance(c, dict) else None
-            if not cid or isinstance(t, bool) or not isinstance(t, int):
-                raise bad(f"client {cid!r} must have an integer lastHeartbeatMs, got {c!r}")
-        return obj
-    return validate
+    return group_table_validator(group, STATE_VERSION, "group membership file", "clients",
+                                 _client_problem, RmqLockError)
 
 
 class GroupMembership:

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
-from rmq_source.statefile import JsonStateFile, append_jsonl, check_group, group_state_path
+from rmq_source.statefile import (JsonStateFile, append_jsonl, check_group, group_state_path,
+                                 group_table_validator)
 
 log = logging.getLogger(__name__)
 
@@ -160,26 +161,19 @@ def _entry_to_json(e: LockEntry) -> dict:
     return {"clientId": e.client_id, "lastUpdateTimestamp": e.last_update_ms, "leaseMs": e.lease_ms}
 
 
+def _lock_problem(key: str, e: Any) -> str | None:
+    ok = (isinstance(e, dict) and isinstance(e.get("clientId"), str) and e["clientId"]
+          and all(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
+                  for f in ("lastUpdateTimestamp", "leaseMs")))
+    if ok:
+        return None
+    return (f"entry {key!r} must have clientId (string), lastUpdateTimestamp and leaseMs "
+            f"(integers), got {e!r}")
+
+
 def _validator(group: str) -> Callable[[Any, str], dict]:
-    def validate(obj: Any, path: str) -> dict:
-        def bad(why: str) -> RmqLockError:
-            return RmqLockError(f"lock state file {path} is invalid: {why}")
-        if not isinstance(obj, dict) or obj.get("version") != STATE_VERSION:
-            raise bad(f"expected an object with \"version\": {STATE_VERSION}")
-        if obj.get("group") != group:
-            raise bad(f"it belongs to group {obj.get('group')!r}, not {group!r}")
-        locks = obj.get("locks")
-        if not isinstance(locks, dict):
-            raise bad("\"locks\" must be an object")
-        for key, e in locks.items():
-            ok = (isinstance(e, dict) and isinstance(e.get("clientId"), str) and e["clientId"]
-                  and all(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
-                          for f in ("lastUpdateTimestamp", "leaseMs")))
-            if not ok:
-                raise bad(f"entry {key!r} must have clientId (string), lastUpdateTimestamp and "
-                          f"leaseMs (integers), got {e!r}")
-        return obj
-    return validate
+    return group_table_validator(group, STATE_VERSION, "lock state file", "locks", _lock_problem,
+                                 RmqLockError)
 
 
 class QueueLockManager:

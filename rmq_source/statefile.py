@@ -173,6 +173,32 @@ def append_jsonl(path: str, records: list[dict]) -> None:
         os.close(fd)
 
 
+def group_table_validator(group: str, version: int, what: str, table: str,
+                          entry_problem: Callable[[str, Any], str | None],
+                          error_cls: type[Exception]) -> Callable[[Any, str], dict]:
+    """A ``validate(obj, path)`` for a group's state file ``{"version", "group", <table>: {...}}``.
+
+    ``entry_problem(key, value)`` returns why an entry of the table is invalid, or None. Errors are
+    ``error_cls("<what> <path> is invalid: <why>")``.
+    """
+    def validate(obj: Any, path: str) -> dict:
+        def bad(why: str) -> Exception:
+            return error_cls(f"{what} {path} is invalid: {why}")
+        if not isinstance(obj, dict) or obj.get("version") != version:
+            raise bad(f"expected an object with \"version\": {version}")
+        if obj.get("group") != group:
+            raise bad(f"it belongs to group {obj.get('group')!r}, not {group!r}")
+        entries = obj.get(table)
+        if not isinstance(entries, dict):
+            raise bad(f"\"{table}\" must be an object")
+        for key, value in entries.items():
+            why = entry_problem(key, value)
+            if why is not None:
+                raise bad(why)
+        return obj
+    return validate
+
+
 class JsonStateFile:
     """One JSON object persisted at ``path``, read and updated under the sidecar flock.
 

@@ -100,6 +100,7 @@ def test_invalid_arguments(tmp_path, group, cid, timeout, match):
 @pytest.mark.parametrize("content, match", [
     (b"[", "not valid JSON"),
     (b'{"version": 1, "group": "other", "clients": {}}', "belongs to group 'other'"),
+    (b'{"version": 1, "group": "GID_orderly", "clients": 3}', '"clients" must be an object'),
     (b'{"version": 1, "group": "GID_orderly", "clients": {"A": {"lastHeartbeatMs": "x"}}}', "lastHeartbeatMs"),
 ])
 def test_corrupt_file_is_an_error_naming_it(tmp_path, content, match):

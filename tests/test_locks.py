@@ -199,6 +199,7 @@ def test_invalid_client_id(mgr, client):
     (b"{not json", "not valid JSON"),
     (b'{"version": 2, "group": "GID_orderly", "locks": {}}', "version"),
     (b'{"version": 1, "group": "other", "locks": {}}', "belongs to group 'other'"),
+    (b'{"version": 1, "group": "GID_orderly", "locks": []}', '"locks" must be an object'),
     (b'{"version": 1, "group": "GID_orderly", "locks": {"T|b|0": {"clientId": "A"}}}', "lastUpdateTimestamp"),
 ])
 def test_corrupt_state_file_is_an_error_naming_it(mgr, content, match):
