@@ -143,11 +143,14 @@ def best_of(repeat: int, fn) -> tuple[float, float]:
 
 
 def scan_all(cl, cqs, cq_file_size, end, **kw) -> tuple[int, int]:
+    """Scan queues 0.. of topic Bench as ``Store`` does (naming the queue, so each record's topic,
+    queue id and offset are checked against its unit)."""
     rows = units = 0
-    for cq in cqs:
+    for qid, cq in enumerate(cqs):
         pos = 0
         while pos < end:
-            res = native.scan_queue(cl, cq, cq_file_size, pos, end, **kw)
+            res = native.scan_queue(cl, cq, cq_file_size, pos, end, topic="Bench", queue_id=qid,
+                                    **kw)
             rows += res.batch.num_rows
             units += res.scanned
             if res.status != "FULL":

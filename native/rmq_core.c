@@ -39,7 +39,17 @@
  * ConsumeQueue unit (§7.1), 20 bytes, unit n at byte n*20 of the queue's address space:
  *     0 int64 CommitLog physical offset, 8 int32 record size (== TOTALSIZE),
  *     12 int64 tagsCode (Java String.hashCode of TAGS, sign-extended; 0 when untagged).
- *   Valid iff phy >= 0 && size > 0 (§2.4). Pre-blank filler units (0, 0x7FFFFFFF, 0) are skipped.
+ *   Valid iff phy >= 0 && size > 0 (§2.4). Pre-blank filler units (0, 0x7FFFFFFF, 0) are
+ *   skipped where the broker writes them, as the leading run of the queue's first file (§7.4:
+ *   ConsumeQueue.fillPreBlank); one anywhere else (after a written unit) is BAD_UNIT.
+ *   The record a unit points to must be that unit's message (else UNIT_MISMATCH): PHYSICALOFFSET
+ *   equal to the unit's physical offset, always; and when the scan knows its queue (check_queue),
+ *   TOPIC, QUEUEID and QUEUEOFFSET equal to the queue's topic, id and the unit's queue offset
+ *   (§7.1, Appendix A.3 step 5), or, for light message queues and other multi-dispatch queues
+ *   whose units point at the parent topic's records (§14 item 18), the queue's topic listed in
+ *   the INNER_MULTI_DISPATCH property with the unit's queue offset at the same index of
+ *   INNER_MULTI_QUEUE_OFFSET (§4.2, both comma-separated) and QUEUEID equal to the queue id or
+ *   the queue id 0.
  *
  * Safety: every read is bounds-checked against the mapping; a bad record yields an error code and
  * a message naming the file, the byte position and the physical/queue offset, never a crash and
@@ -158,6 +168,7 @@ const char *rmq_code_name(int code) {
     case RMQ_E_BAD_UTF8: return "BAD_UTF8";
     case RMQ_E_CRC_MISMATCH: return "CRC_MISMATCH";
     case RMQ_E_BAD_UNIT: return "BAD_UNIT";
+    case RMQ_E_UNIT_MISMATCH: return "UNIT_MISMATCH";
     default: return "UNKNOWN";
     }
 }
@@ -326,6 +337,8 @@ static int check_files(const rmq_files *f, const char *what, rmq_error *err) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* CommitLog record parsing                                                                    */
+
+typedef struct span { int64_t o, l; } span; /* offset and length in a string; l < 0: none */
 
 typedef struct rec {
     const uint8_t *p;   /* record start */
@@ -586,7 +599,121 @@ int rmq_commitlog_valid_end(const rmq_files *cl, int verify_crc, int64_t *out, r
     return RMQ_OK;
 }
 
-/* Locate the record at physical offset phy; errors name the CommitLog file when it exists. */
+/* ------------------------------------------------------------------------------------------ */
+/* Does the record belong to the unit pointing at it? (§7.1, §14 item 18)                      */
+
+/* " (ConsumeQueue unit: file F, position P)" when the unit's file is known, else "". */
+static void unit_ref(char *out, size_t cap, const char *cq_path, int64_t cq_pos) {
+    if (cq_path)
+        snprintf(out, cap, " (the ConsumeQueue unit pointing at it: file %s, position %lld)",
+                 cq_path, (long long)cq_pos);
+    else
+        out[0] = 0;
+}
+
+/* UNIT_MISMATCH for a record whose PHYSICALOFFSET field is not the address it was read at.
+ * The error names the record (CommitLog file, position) and the unit's queue offset. */
+static __attribute__((cold, noinline)) int phy_mismatch(rmq_error *err, const rmq_segment *clseg,
+                                                        int64_t clpos, const rec *r, int64_t phy,
+                                                        int64_t qoff, const char *cq_path,
+                                                        int64_t cq_pos) {
+    char ref[600];
+    unit_ref(ref, sizeof ref, cq_path, cq_pos);
+    return set_err(err, RMQ_E_UNIT_MISMATCH, clseg->path, clpos, phy, qoff,
+                   "record PHYSICALOFFSET %lld is not its physical offset %lld%s",
+                   (long long)r->phy, (long long)phy, ref);
+}
+
+/* Value of property `name` in properties s[0..n) (§4.1: entries split on 0x02, name and value
+ * split at the first 0x01, both non-empty, a later duplicate wins): 1 and *out, or 0. */
+static int find_prop(const uint8_t *s, int64_t n, const char *name, int64_t nl, span *out) {
+    int found = 0;
+    const uint8_t *base = s, *end = s + n;
+    while (s < end) {
+        const uint8_t *e = memchr(s, 0x02, (size_t)(end - s));
+        if (!e) e = end;
+        const uint8_t *sep = memchr(s, 0x01, (size_t)(e - s));
+        if (sep && sep - s == nl && sep + 1 < e && memcmp(s, name, (size_t)nl) == 0) {
+            out->o = sep + 1 - base;
+            out->l = e - (sep + 1);
+            found = 1;
+        }
+        if (e == end) break;
+        s = e + 1;
+    }
+    return found;
+}
+
+/* s[0..n) is a decimal number (ASCII digits only, at least one) equal to v (>= 0). */
+static int decimal_is(const uint8_t *s, int64_t n, int64_t v) {
+    if (n <= 0) return 0;
+    int64_t x = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        int d = s[i] - '0';
+        if (x > (INT64_MAX - d) / 10) return 0;
+        x = x * 10 + d;
+    }
+    return x == v;
+}
+
+/* Whether the record lists queue (a->topic, a->queue_id) at queue offset n among its
+ * multi-dispatch targets: INNER_MULTI_DISPATCH holds queue (topic) names and
+ * INNER_MULTI_QUEUE_OFFSET their offsets, comma-separated, position-aligned (§4.2). The broker
+ * files such a unit under the parent's QUEUEID, or under queue 0 for a light message queue. */
+static int multi_dispatch_lists(const rmq_scan_args *a, const rec *r, int64_t n) {
+    span qs, os;
+    if (a->queue_id != 0 && a->queue_id != r->queue_id) return 0;
+    if (!find_prop(r->props, r->prop_len, "INNER_MULTI_DISPATCH", 20, &qs) ||
+        !find_prop(r->props, r->prop_len, "INNER_MULTI_QUEUE_OFFSET", 24, &os))
+        return 0;
+    const uint8_t *q = r->props + qs.o, *qe = q + qs.l;
+    const uint8_t *o = r->props + os.o, *oe = o + os.l;
+    for (;;) {
+        const uint8_t *qc = memchr(q, ',', (size_t)(qe - q));
+        const uint8_t *oc = memchr(o, ',', (size_t)(oe - o));
+        if (!qc) qc = qe;
+        if (!oc) oc = oe;
+        if (qc - q == a->topic_len && memcmp(q, a->topic, (size_t)a->topic_len) == 0 &&
+            decimal_is(o, oc - o, n))
+            return 1;
+        if (qc == qe || oc == oe) return 0;
+        q = qc + 1;
+        o = oc + 1;
+    }
+}
+
+/* The record's own queue is (a->topic, a->queue_id) and its QUEUEOFFSET is n: the common case,
+ * a few compares. */
+static inline int record_of_queue(const rmq_scan_args *a, const rec *r, int64_t n) {
+    return r->queue_offset == n && r->queue_id == a->queue_id && r->topic_len == a->topic_len &&
+           memcmp(r->topic, a->topic, (size_t)a->topic_len) == 0;
+}
+
+/* RMQ_OK when record r (read at physical offset phy) is the message of unit n, else
+ * UNIT_MISMATCH naming the record and the unit. Called when the fast checks failed. */
+static __attribute__((cold, noinline)) int unit_mismatch(const rmq_scan_args *a, const rec *r,
+                                                         int64_t phy, int64_t n,
+                                                         const rmq_segment *clseg, int64_t clpos,
+                                                         const char *cq_path, int64_t cq_pos,
+                                                         rmq_error *err) {
+    if (r->phy != phy) return phy_mismatch(err, clseg, clpos, r, phy, n, cq_path, cq_pos);
+    if (!a->check_queue || record_of_queue(a, r, n) || multi_dispatch_lists(a, r, n))
+        return RMQ_OK;
+    char ref[600];
+    unit_ref(ref, sizeof ref, cq_path, cq_pos);
+    int tl = r->topic_len < 100 ? (int)r->topic_len : 100;
+    int ql = a->topic_len < 100 ? (int)a->topic_len : 100;
+    return set_err(err, RMQ_E_UNIT_MISMATCH, clseg->path, clpos, phy, n,
+                   "record of topic '%.*s'%s, queue %d, QUEUEOFFSET %lld is not the message of "
+                   "queue '%.*s'%s/%d at queue offset %lld%s",
+                   tl, (const char *)r->topic, r->topic_len > tl ? "..." : "", r->queue_id,
+                   (long long)r->queue_offset, ql, a->topic, a->topic_len > ql ? "..." : "",
+                   a->queue_id, (long long)n, ref);
+}
+
+/* Locate the record at physical offset phy; errors name the CommitLog file when it exists. The
+ * record's PHYSICALOFFSET must be phy (UNIT_MISMATCH). */
 static int locate_record(const rmq_files *cl, int64_t phy, int64_t size, rec *r, int64_t qoff,
                          const char *cq_path, int64_t cq_pos, rmq_error *err) {
     rmq_segment *seg = files_seg(cl, phy, NULL);
@@ -598,7 +725,11 @@ static int locate_record(const rmq_files *cl, int64_t phy, int64_t size, rec *r,
                        "mapped CommitLog [%lld, %lld)",
                        (long long)phy, (long long)size, (long long)lo, (long long)hi);
     }
-    return parse_record(seg, phy - seg->file_start, size, r, phy, qoff, err);
+    int64_t pos = phy - seg->file_start;
+    int rc = parse_record(seg, pos, size, r, phy, qoff, err);
+    if (rc) return rc;
+    if (unlikely(r->phy != phy)) return phy_mismatch(err, seg, pos, r, phy, qoff, cq_path, cq_pos);
+    return RMQ_OK;
 }
 
 int rmq_store_timestamp(const rmq_files *cl, int64_t phy, int32_t size, int64_t *out,
@@ -631,6 +762,31 @@ static inline void read_unit(const uint8_t *u, unit *out) {
 static inline int unit_valid(const unit *u) { return u->phy >= 0 && u->size > 0; }
 static inline int unit_preblank(const unit *u) {
     return u->phy == 0 && u->size == PREBLANK_SIZE && u->tags == 0;
+}
+
+/* Queue offset one past the leading run of pre-blank units of the queue's first file (its first
+ * unit when there is none). That run is the only place the broker writes them (§7.4: the first
+ * file of a queue created at a non-zero offset is filled from its start up to that offset); a
+ * pre-blank unit at or above the returned offset is damage. */
+static int64_t preblank_lead_end(const rmq_files *cq) {
+    if (cq->count <= 0) return 0;
+    const rmq_segment *s = cq->segs[0];
+    int64_t n = s->file_start / CQ_UNIT + (s->file_start % CQ_UNIT != 0); /* first whole unit */
+    for (; n <= INT64_MAX / CQ_UNIT; n++) {
+        int64_t pos = n * CQ_UNIT - s->file_start;
+        if (pos > s->size - CQ_UNIT) break;
+        unit u;
+        read_unit(s->base + pos, &u);
+        if (!unit_preblank(&u)) break;
+    }
+    return n;
+}
+
+static __attribute__((cold, noinline)) int preblank_err(rmq_error *err, const char *cq_path,
+                                                        int64_t cq_pos, int64_t n) {
+    return set_err(err, RMQ_E_BAD_UNIT, cq_path, cq_pos, -1, n,
+                   "pre-blank filler unit (0, 0x7FFFFFFF, 0) after written units; the broker "
+                   "writes them only at the head of a queue's first ConsumeQueue file");
 }
 
 int64_t rmq_cq_valid_units(const rmq_segment *seg) {
@@ -688,10 +844,10 @@ static int cq_unit_at(const rmq_files *cq, int64_t n, unit *u, const rmq_segment
 /* ------------------------------------------------------------------------------------------ */
 /* Time lookup (binary search, LOWER semantics)                                                */
 
-/* *ge = storeTimestamp(unit n) >= ts; units whose CommitLog is gone, and pre-blank units, count
- * as older. */
+/* *ge = storeTimestamp(unit n) >= ts; units whose CommitLog is gone, and the leading pre-blank
+ * units, count as older. *lead_end caches preblank_lead_end (-1: not computed yet). */
 static int unit_time_ge(const rmq_files *cl, const rmq_files *cq, int64_t n, int64_t ts, int *ge,
-                        rmq_error *err) {
+                        int64_t *lead_end, rmq_error *err) {
     unit u = {0, 0, 0};
     const rmq_segment *cseg = NULL;
     int64_t cpos = -1;
@@ -705,8 +861,14 @@ static int unit_time_ge(const rmq_files *cl, const rmq_files *cq, int64_t n, int
         return set_err(err, RMQ_E_BAD_UNIT, cseg->path, cpos, u.phy, n,
                        "ConsumeQueue unit is not written (phy %lld, size %d)", (long long)u.phy,
                        u.size);
+    if (unit_preblank(&u)) {
+        if (*lead_end < 0) *lead_end = preblank_lead_end(cq);
+        if (n >= *lead_end) return preblank_err(err, cseg->path, cpos, n);
+        *ge = 0;
+        return RMQ_OK;
+    }
     int64_t cl_min = cl->count ? cl->segs[0]->file_start : 0;
-    if (unit_preblank(&u) || u.phy < cl_min) {
+    if (u.phy < cl_min) {
         *ge = 0;
         return RMQ_OK;
     }
@@ -727,11 +889,11 @@ int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset
     if (!out || min_offset < 0 || max_offset < min_offset || max_offset > INT64_MAX / CQ_UNIT)
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad offset range [%lld, %lld)",
                        (long long)min_offset, (long long)max_offset);
-    int64_t lo = min_offset, hi = max_offset;
+    int64_t lo = min_offset, hi = max_offset, lead_end = -1;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
         int ge = 0;
-        rc = unit_time_ge(cl, cq, mid, timestamp_ms, &ge, err);
+        rc = unit_time_ge(cl, cq, mid, timestamp_ms, &ge, &lead_end, err);
         if (rc) return rc;
         if (ge)
             hi = mid;
@@ -1087,6 +1249,12 @@ typedef struct scanner {
     int64_t rowcap;       /* rows every row-indexed buffer can hold */
     int64_t small_budget; /* bytes every short-string buffer can still take (see SMALL_BUFS) */
     int64_t cl_min;       /* first CommitLog address still on disk */
+    const rmq_files *cq;  /* the ConsumeQueue scanned */
+    int64_t lead_end;     /* preblank_lead_end(cq), -1 until a pre-blank unit needs it */
+    /* check_queue with a topic of at most 16 bytes: the topic zero-padded, and a mask of its
+     * bytes, compared with two 8-byte loads of a record's topic (see record_is_unit) */
+    int topic16;
+    uint64_t topic_w[2], topic_m[2];
     const rmq_segment *clseg; /* CommitLog file of the last record: [cl_lo, cl_lo + cl_span) */
     int64_t cl_lo, cl_span;
     fast_codes fc;
@@ -1179,7 +1347,6 @@ static uint32_t fnv1a(const uint8_t *s, uint32_t n) {
 
 /* Where the derived columns come from: value spans (offset, length; length -1: absent) of the
  * TAGS, KEYS and UNIQ_KEY properties, and whether the whole string is ASCII. */
-typedef struct span { int64_t o, l; } span;
 typedef struct props_out {
     span tags, keys, uniq;
     int ascii;            /* every byte < 0x80 (no UTF-8 validation needed) */
@@ -1389,14 +1556,25 @@ static void fast_codes_init(fast_codes *fc, const rmq_scan_args *a) {
     for (int i = 0; i < a->ncodes; i++) fc->raw[i] = __builtin_bswap32((uint32_t)a->codes[i]);
 }
 
-/* 1 when the scan must stop at unit u: not written (phy < 0 or size <= 0) or its tag code is
- * one of the nc raw codes. Branch-free, so that blocks of units are tested with one branch. */
+/* 1 when the scan must stop at unit u: not written (phy < 0 or size <= 0), size 0x7FFFFFFF (a
+ * pre-blank unit is checked whatever its tag code) or its tag code is one of the nc raw codes.
+ * Branch-free, so that blocks of units are tested with one branch. */
 static inline __attribute__((always_inline)) int unit_stops(const uint8_t *u, const uint32_t *raw,
                                                             int nc) {
     uint32_t code = ld32(u + 16);
     int hit = 0;
     for (int k = 0; k < nc; k++) hit |= code == raw[k];
-    return hit | (u[0] >> 7) | (s32(be32(u + 8)) <= 0);
+    /* size - 1 >= 0x7FFFFFFE unsigned: size <= 0 or size == 0x7FFFFFFF */
+    return hit | (u[0] >> 7) | (be32(u + 8) - 1u >= (uint32_t)PREBLANK_SIZE - 1u);
+}
+
+/* The unit's tag code is subscribed (filtered scans). */
+static inline int unit_code_hit(const rmq_scan_args *a, const fast_codes *fc, const uint8_t *u) {
+    if (fc->n < 0) return code_match(a, s32(be32(u + 16)));
+    uint32_t code = ld32(u + 16);
+    for (int k = 0; k < fc->n; k++)
+        if (code == fc->raw[k]) return 1;
+    return 0;
 }
 
 static inline __attribute__((always_inline)) int64_t skip_n(const uint8_t *up, int64_t count,
@@ -1413,8 +1591,9 @@ static inline __attribute__((always_inline)) int64_t skip_n(const uint8_t *up, i
     return i;
 }
 
-/* Number of leading units of `up[0 .. count)` that are written (phy >= 0, size > 0) and whose
- * tag code is not subscribed: they are examined and rejected without touching the CommitLog. */
+/* Number of leading units of `up[0 .. count)` that are written (phy >= 0, size > 0), not of the
+ * pre-blank size and whose tag code is not subscribed: they are examined and rejected without
+ * touching the CommitLog. */
 static int64_t skip_rejected(const uint8_t *up, int64_t count, const rmq_scan_args *a,
                              const fast_codes *fc) {
     switch (fc->n) {
@@ -1427,7 +1606,9 @@ static int64_t skip_rejected(const uint8_t *up, int64_t count, const rmq_scan_ar
     }
     int64_t i = 0;
     for (; i < count; i++, up += CQ_UNIT)
-        if ((up[0] & 0x80) || rd_i32(up + 8) <= 0 || code_match(a, s32(be32(up + 16)))) break;
+        if ((up[0] & 0x80) || rd_i32(up + 8) <= 0 || rd_i32(up + 8) == PREBLANK_SIZE ||
+            code_match(a, s32(be32(up + 16))))
+            break;
     return i;
 }
 
@@ -2245,8 +2426,23 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
 /* ------------------------------------------------------------------------------------------ */
 /* Queue scan                                                                                  */
 
-/* Locate, validate and emit the record of an accepted unit (n, at `up` of cseg). Returns ROW_*
- * or 100 + an error code. */
+/* Whether record r is the message of unit n of the queue scanned (the fast path of
+ * unit_mismatch): QUEUEOFFSET, QUEUEID and TOPIC compared, a short topic without a call. */
+static inline int record_is_unit(const scanner *sc, const rec *r, int64_t n,
+                                 const rmq_segment *clseg) {
+    const rmq_scan_args *a = sc->a;
+    if ((r->queue_offset != n) | (r->queue_id != a->queue_id) | (r->topic_len != a->topic_len))
+        return 0;
+    if (sc->topic16 && r->topic + 16 <= clseg->base + clseg->size) {
+        uint64_t d = ((ld64(r->topic) ^ sc->topic_w[0]) & sc->topic_m[0]) |
+                     ((ld64(r->topic + 8) ^ sc->topic_w[1]) & sc->topic_m[1]);
+        return d == 0;
+    }
+    return memcmp(r->topic, a->topic, (size_t)a->topic_len) == 0;
+}
+
+/* Locate, validate (structure, then that it is the unit's message) and emit the record of an
+ * accepted unit (n, at `up` of cseg). Returns ROW_* or 100 + an error code. */
 static inline int take_unit(scanner *sc, const rmq_files *cl, int64_t phy, int32_t size,
                             int64_t n, const rmq_segment *cseg, const uint8_t *up,
                             rmq_error *err) {
@@ -2260,6 +2456,13 @@ static inline int take_unit(scanner *sc, const rmq_files *cl, int64_t phy, int32
         int code = parse_record(clseg, clpos, size, &r, phy, n, err);
         if (code) return 100 + code;
     }
+    /* the record must be the unit's message */
+    if (unlikely(r.phy != phy) ||
+        (sc->a->check_queue && unlikely(!record_is_unit(sc, &r, n, clseg)))) {
+        int code = unit_mismatch(sc->a, &r, phy, n, clseg, clpos, cseg->path,
+                                 (int64_t)(up - cseg->base), err);
+        if (code) return 100 + code;
+    }
     return emit_row(sc, &r, n, clseg, clpos, err);
 }
 
@@ -2267,6 +2470,12 @@ static inline int take_unit(scanner *sc, const rmq_files *cl, int64_t phy, int32
 #define PREFETCH_UNITS 4   /* unfiltered scans: fetch the record this many units ahead */
 #define PREFETCH_MATCHES 3 /* filtered scans: fetch the record this many matches ahead */
 #define MATCH_MAX 4096     /* filtered scans: matches collected before decoding them */
+
+/* Whether a pre-blank unit at queue offset n is one of the leading run the broker writes. */
+static inline int preblank_leading(scanner *sc, int64_t n) {
+    if (sc->lead_end < 0) sc->lead_end = preblank_lead_end(sc->cq);
+    return n < sc->lead_end;
+}
 
 /* Unfiltered scan of units [*np, stop) of one ConsumeQueue file (unit *np at `up`). Returns
  * RUN_MORE, an RMQ_ST_* status or 100 + an error code; *np = where it stopped. */
@@ -2284,7 +2493,11 @@ static int run_all(scanner *sc, const rmq_files *cl, const rmq_segment *cseg,
             rc = RMQ_ST_CQ_END;
             break;
         }
-        if (unlikely(phy == 0 && size == PREBLANK_SIZE) && rd_i64(up + 12) == 0) continue;
+        if (unlikely(phy == 0 && size == PREBLANK_SIZE) && rd_i64(up + 12) == 0) {
+            if (likely(preblank_leading(sc, n))) continue;
+            rc = 100 + preblank_err(err, cseg->path, (int64_t)(up - cseg->base), n);
+            break;
+        }
         if (unlikely(phy < sc->cl_min)) {
             rc = RMQ_ST_CL_GONE;
             break;
@@ -2318,15 +2531,30 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
         int64_t want = a->max_rows - b->rows + 1;
         if (want > MATCH_MAX) want = MATCH_MAX;
         int64_t k = 0, bytes = 0;
-        int cq_end = 0;
+        int cq_end = 0, bad_preblank = 0;
         while (k < want && n < stop) {
             n += skip_rejected(UNIT_AT(n), stop - n, a, &sc->fc);
             if (n >= stop) break;
             const uint8_t *u = UNIT_AT(n);
+            int64_t uphy = rd_i64(u);
             int32_t size = rd_i32(u + 8);
-            if (rd_i64(u) < 0 || size <= 0) {
+            if (uphy < 0 || size <= 0) {
                 cq_end = 1;
                 break;
+            }
+            if (unlikely(size == PREBLANK_SIZE)) {
+                if (uphy == 0 && rd_i64(u + 12) == 0) { /* pre-blank: whatever its tag code */
+                    if (preblank_leading(sc, n)) {
+                        n++;
+                        continue;
+                    }
+                    bad_preblank = 1;   /* reported once the matches before it are decoded */
+                    break;
+                }
+                if (!unit_code_hit(a, &sc->fc, u)) { /* stopped for its size only: rejected */
+                    n++;
+                    continue;
+                }
             }
             match[k++] = n++;
             bytes += size;
@@ -2361,7 +2589,6 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
             const uint8_t *u = UNIT_AT(m);
             int64_t phy = rd_i64(u);
             int32_t size = rd_i32(u + 8);
-            if (phy == 0 && size == PREBLANK_SIZE && rd_i64(u + 12) == 0) continue;
             int rc = RUN_MORE;
             if (phy < sc->cl_min) {
                 rc = RMQ_ST_CL_GONE;
@@ -2378,6 +2605,10 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
         if (cq_end) {
             *np = n;
             return RMQ_ST_CQ_END;
+        }
+        if (bad_preblank) {
+            *np = n;
+            return 100 + preblank_err(err, cseg->path, (int64_t)(UNIT_AT(n) - cseg->base), n);
         }
     }
 #undef UNIT_AT
@@ -2421,7 +2652,8 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
     if (!out || !a || a->start < 0 || a->end < a->start || a->end > INT64_MAX / CQ_UNIT ||
         a->max_rows < 1 || a->max_bytes < 1 || a->max_bytes > INT32_MAX ||
         (a->filter && a->ncodes > 0 && !a->codes) ||
-        (a->check_tags && (!a->filter || (a->ntags > 0 && (!a->tags || !a->tag_lens)))))
+        (a->check_tags && (!a->filter || (a->ntags > 0 && (!a->tags || !a->tag_lens)))) ||
+        (a->check_queue && (!a->topic || a->topic_len < 1)))
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad scan arguments");
 
     /* Size the batch up front from the CQ unit sizes (an upper bound of the body bytes) so the
@@ -2443,6 +2675,16 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
     }
     sc.cl_min = cl->count ? cl->segs[0]->file_start : 0;
+    sc.cq = cq;
+    sc.lead_end = -1;
+    if (a->check_queue && a->topic_len <= 16) {
+        uint8_t w[16] = {0}, m[16] = {0};
+        memcpy(w, a->topic, (size_t)a->topic_len);
+        memset(m, 0xFF, (size_t)a->topic_len);
+        memcpy(sc.topic_w, w, 16);
+        memcpy(sc.topic_m, m, 16);
+        sc.topic16 = 1;
+    }
     if (hint_bytes >= RMQ_STREAM_MIN) body_stream_start(&sc, stream_mode());
     fast_codes_init(&sc.fc, a);
     int status = RMQ_ST_END;

@@ -57,7 +57,10 @@ enum rmq_code {
     RMQ_E_UNIT_OUT_OF_RANGE = 14, /* CQ unit points outside the mapped CommitLog */
     RMQ_E_BAD_UTF8 = 15,        /* topic or properties are not valid UTF-8 */
     RMQ_E_CRC_MISMATCH = 16,    /* BODYCRC != crc32(body) & 0x7FFFFFFF (only when asked) */
-    RMQ_E_BAD_UNIT = 17         /* an unwritten/invalid CQ unit where a valid one is required */
+    RMQ_E_BAD_UNIT = 17,        /* an unwritten/invalid CQ unit where a valid one is required, or
+                                   a pre-blank filler unit after written units */
+    RMQ_E_UNIT_MISMATCH = 18    /* the record a CQ unit points to is not that unit's message
+                                   (PHYSICALOFFSET, or topic/QUEUEID/QUEUEOFFSET) */
 };
 
 enum rmq_status {
@@ -144,6 +147,12 @@ typedef struct rmq_scan_args {
     const int32_t *tag_lens;
     int32_t ntags;
     int verify_crc;
+    int check_queue;        /* 1: each record must be the message of (topic, queue_id) at its
+                               unit's queue offset, or list that queue in its multi-dispatch
+                               properties (LMQ); 0: only PHYSICALOFFSET is checked */
+    const char *topic;      /* UTF-8 bytes of the queue's topic (check_queue), not terminated */
+    int32_t topic_len;      /* >= 1 */
+    int32_t queue_id;
 } rmq_scan_args;
 
 rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *err);

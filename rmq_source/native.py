@@ -55,7 +55,7 @@ _STATUS = {lib.RMQ_ST_END: "END", lib.RMQ_ST_FULL: "FULL", lib.RMQ_ST_CQ_END: "C
            lib.RMQ_ST_CL_GONE: "CL_GONE"}
 _CORRUPT = {lib.RMQ_E_BAD_MAGIC, lib.RMQ_E_TRUNCATED, lib.RMQ_E_SIZE_MISMATCH,
             lib.RMQ_E_NEGATIVE_LENGTH, lib.RMQ_E_UNIT_OUT_OF_RANGE, lib.RMQ_E_BAD_UTF8,
-            lib.RMQ_E_CRC_MISMATCH, lib.RMQ_E_BAD_UNIT}
+            lib.RMQ_E_CRC_MISMATCH, lib.RMQ_E_BAD_UNIT, lib.RMQ_E_UNIT_MISMATCH}
 
 
 def _raise(err) -> None:
@@ -202,7 +202,8 @@ class CommitLog:
         return int(out[0])
 
     def store_timestamp(self, phy_offset: int, size: int) -> int:
-        """STORETIMESTAMP (epoch ms) of the record at ``phy_offset`` whose TOTALSIZE is ``size``."""
+        """STORETIMESTAMP (epoch ms) of the record at ``phy_offset`` whose TOTALSIZE is ``size``
+        (and whose PHYSICALOFFSET field is ``phy_offset``, else ``UNIT_MISMATCH``)."""
         _check_int("phy_offset", phy_offset)
         _check_int("size", size, 1, INT32_MAX)
         out = ffi.new("int64_t *")
@@ -312,7 +313,8 @@ def _int32_codes(codes) -> list[int]:
 def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int, start: int,
                end: int, *, codes: tuple[int, ...] | None = None,
                tags: tuple[str, ...] | None = None, max_rows: int = 65536,
-               max_bytes: int = 64 << 20, verify_crc: bool = False) -> ScanResult:
+               max_bytes: int = 64 << 20, verify_crc: bool = False, topic: str | None = None,
+               queue_id: int | None = None) -> ScanResult:
     """Decode the messages of queue offsets ``[start, end)`` of one ConsumeQueue.
 
     ``cq_segments``: the queue's files sorted by file_start, consecutive (``cq_file_size`` apart);
@@ -320,13 +322,25 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     unit; otherwise a unit is accepted only if the low 32 bits of its tagsCode are in ``codes``
     (rejected units never touch the CommitLog) and, when ``tags`` is given, the record's TAGS
     property equals one of ``tags`` exactly (removes hash collisions such as "Aa"/"BB").
-    ``codes=()`` accepts nothing. Pre-blank units are skipped.
+    ``codes=()`` accepts nothing. Pre-blank units (0, 0x7FFFFFFF, 0) are skipped as the leading
+    run of the queue's first file (``cq_segments[0]``), where the broker writes them; one after a
+    written unit raises :class:`RmqCorruptStoreError` ``BAD_UNIT`` naming the ConsumeQueue file
+    and the unit's position, whatever the subscription.
 
     Stops with "FULL" before a row that would exceed ``max_rows`` rows or ``max_bytes`` bytes of
     body + properties + string data (at least one row is always accepted), "CQ_END" at the first
     unwritten unit, "CL_GONE" at an accepted unit below ``commitlog.min_offset``.
     ``verify_crc`` checks BODYCRC. A record that is not what the broker writes raises
     :class:`RmqCorruptStoreError` (path, position of the record in its file, code).
+
+    Each accepted unit's record must be that unit's message, else ``UNIT_MISMATCH`` (naming the
+    record's CommitLog file and position, and the unit's queue offset): its PHYSICALOFFSET must
+    be the unit's physical offset; with ``topic`` and ``queue_id`` (the queue being read; give
+    both or neither) also its TOPIC, QUEUEID and QUEUEOFFSET must be ``topic``, ``queue_id`` and
+    the unit's queue offset - or, for light message queues and other multi-dispatch queues whose
+    units point at the parent topic's records, the record's INNER_MULTI_DISPATCH property must
+    list ``topic`` with the unit's queue offset at the same index of INNER_MULTI_QUEUE_OFFSET
+    (and QUEUEID be ``queue_id`` unless ``queue_id`` is 0).
     """
     _check_commitlog(commitlog)
     cq = _check_cq(cq_segments, cq_file_size)
@@ -338,6 +352,9 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     _check_int("max_bytes", max_bytes, 1, INT32_MAX)
     if tags is not None and codes is None:
         raise RmqOptionError("tags needs codes (the tag hash codes of the same subscription)")
+    if (topic is None) != (queue_id is None):
+        raise RmqOptionError("topic and queue_id go together (the queue being read): give both "
+                             f"or neither, got topic={topic!r}, queue_id={queue_id!r}")
     keep = []
     args = ffi.new("rmq_scan_args *")
     args.start, args.end, args.max_rows, args.max_bytes = start, end, max_rows, max_bytes
@@ -365,6 +382,20 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
         args.tags = c_tags
         args.tag_lens = c_lens
         args.ntags = len(encoded)
+    if topic is not None:
+        if not isinstance(topic, str) or not topic:
+            raise RmqOptionError(f"topic must be a non-empty string, got {topic!r}")
+        _check_int("queue_id", queue_id, -(1 << 31), INT32_MAX)
+        # the folder name's bytes (a name that is not UTF-8 comes from listdir as surrogates)
+        topic_bytes = topic.encode("utf-8", "surrogateescape")
+        if len(topic_bytes) > INT32_MAX:
+            raise RmqOptionError("topic is too long")
+        c_topic = ffi.new("char[]", topic_bytes)
+        keep.append(c_topic)
+        args.check_queue = 1
+        args.topic = c_topic
+        args.topic_len = len(topic_bytes)
+        args.queue_id = queue_id
     out = ffi.new("rmq_batch **")
     err = ffi.new("rmq_error *")
     rc = lib.rmq_scan_queue(commitlog._files.struct, cq.struct, args, out, err)
@@ -386,8 +417,10 @@ def lookup_time(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: 
 
     RocketMQ 5 ``BoundaryType.LOWER`` semantics by binary search (store times grow with the queue
     offset). Returns ``max_offset`` when every message is older, ``min_offset`` when none is.
-    Units whose CommitLog file is gone (phy < ``commitlog.min_offset``) and pre-blank units count
-    as older. Every unit in the range must be written (raises RmqCorruptStoreError BAD_UNIT).
+    Units whose CommitLog file is gone (phy < ``commitlog.min_offset``) and the leading pre-blank
+    units of the queue's first file count as older. Every unit in the range must be written, and
+    a pre-blank unit after written units is damage (RmqCorruptStoreError BAD_UNIT). A record read
+    must hold its unit's physical offset in its PHYSICALOFFSET field (else ``UNIT_MISMATCH``).
     """
     _check_commitlog(commitlog)
     cq = _check_cq(cq_segments, cq_file_size)

@@ -324,7 +324,8 @@ class Store:
             if pos >= stop:
                 return
             res = native.scan_queue(cl, segs, cq_size, pos, stop, codes=codes, tags=tags,
-                                    max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc)
+                                    max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc,
+                                    topic=topic, queue_id=queue_id)
             if res.batch.num_rows:
                 yield self._finish(topic, queue_id, res.batch)
             if res.status == "CL_GONE":

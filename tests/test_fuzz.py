@@ -68,13 +68,15 @@ def test_seeds_reach_every_scan_outcome(monkeypatch):
         except fh.Finding:
             pass                       # reported by test_seed_passes_the_harness
     want = {"END", "FULL", "CQ_END", "CL_GONE", "BAD_MAGIC", "BAD_UTF8", "CRC_MISMATCH",
-            "TRUNCATED", "SIZE_MISMATCH", "RmqOptionError"}
+            "TRUNCATED", "SIZE_MISMATCH", "BAD_UNIT", "UNIT_MISMATCH", "RmqOptionError"}
     assert want <= seen, f"no seed reaches {sorted(want - seen)}"
 
 
 @pytest.mark.parametrize("attr,wrong", [
     ("crc_ok", lambda rec: True),                                # C reports CRC_MISMATCH
     ("unit_preblank", lambda phy, size, code: False),            # C skips pre-blank units
+    ("preblank_lead_end", lambda cq: fm.MAX_QUEUE_OFFSET),       # C: BAD_UNIT after real units
+    ("record_is_unit", lambda rec, topic, queue_id, n: True),    # C: UNIT_MISMATCH
     ("host_text", lambda field: "0.0.0.0:0"),                    # every row's hosts differ
     ("wrap64", lambda v: v + 1),                                 # timestamps differ
 ])

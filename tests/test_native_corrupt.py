@@ -84,12 +84,17 @@ def damaged(tmp_path) -> Damaged:
                    len(TOPIC), props)
 
 
-def _scan(d: Damaged, verify_crc: bool = False):
+def _scan(d: Damaged, verify_crc: bool = False, named: bool = True):
+    """Scan the damaged queue; ``named``: tell the scan which queue it reads (as Store does), so
+    that records are also checked against it."""
     cl = native.CommitLog([native.map_segment(d.root / "commitlog" / n, int(n))
                            for n in sorted(os.listdir(d.root / "commitlog"))], CL_SIZE)
     qdir = d.root / "consumequeue" / TOPIC / str(QID)
     cq = [native.map_segment(qdir / n, int(n)) for n in sorted(os.listdir(qdir))]
-    return native.scan_queue(cl, cq, CQ_SIZE, 0, 10_000, max_rows=100_000, verify_crc=verify_crc), cl, cq
+    queue = {"topic": TOPIC, "queue_id": QID} if named else {}
+    res = native.scan_queue(cl, cq, CQ_SIZE, 0, 10_000, max_rows=100_000, verify_crc=verify_crc,
+                            **queue)
+    return res, cl, cq
 
 
 # Offsets inside an IPv4/V1 record (§3.2): body length at 84, body at 88, then topic length,
@@ -151,9 +156,26 @@ CASES = {
         (lambda d: d.poke_record(_topic_len_pos(d) + 1, b"\x80"), "BAD_UTF8", "cl", False),
     "body CRC mismatch (verify_crc)":
         (lambda d: d.poke_record(88, b"\x00\x01\x02"), "CRC_MISMATCH", "cl", True),
+    # the record is not the message of the unit pointing at it
+    "record PHYSICALOFFSET differs from its position":
+        (lambda d: d.poke_record(28, struct.pack(">q", d.phy + 1)), "UNIT_MISMATCH", "cl", False),
+    "record QUEUEOFFSET differs from the unit's queue offset":
+        (lambda d: d.poke_record(20, struct.pack(">q", TARGET + 1)), "UNIT_MISMATCH", "cl", False),
+    "record QUEUEID of another queue":
+        (lambda d: d.poke_record(12, struct.pack(">i", QID + 3)), "UNIT_MISMATCH", "cl", False),
+    "record TOPIC of another topic (same length)":
+        (lambda d: d.poke_record(_topic_len_pos(d) + 1, b"X"), "UNIT_MISMATCH", "cl", False),
+    "pre-blank filler unit after written units":
+        (lambda d: d.poke(d.cq_path, d.cq_pos, struct.pack(">qiq", 0, 0x7FFFFFFF, 0)),
+         "BAD_UNIT", "cq", False),
     "non-last ConsumeQueue file shorter than its size":
         (lambda d: os.truncate(d.cq_path.with_name(f"{0:020d}"), 100), "TRUNCATED", "cq0", False),
 }
+
+
+# A damaged topic is also another queue's topic: a scan that names its queue reports
+# UNIT_MISMATCH first (both are right); these cases check the other verdict without the name.
+UNNAMED = {"invalid UTF-8 in topic"}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -168,7 +190,7 @@ def test_corrupt_input(damaged, name):
         assert exc.value.code in {"SIZE_MISMATCH", "NEGATIVE_LENGTH", "BAD_UTF8"}
         return
     with pytest.raises(RmqCorruptStoreError) as exc:
-        _scan(damaged, verify_crc=verify)
+        _scan(damaged, verify_crc=verify, named=name not in UNNAMED)
     err = exc.value
     assert err.code == code
     if where.startswith("cl"):

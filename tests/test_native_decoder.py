@@ -245,17 +245,142 @@ def test_cq_end_at_unwritten_unit_and_past_last_file(tmp_path):
     assert res.batch.schema == native.NATIVE_SCHEMA
 
 
+PRE_BLANK = (0, 0x7FFFFFFF, 0)
+
+
 def test_pre_blank_units_are_skipped(tmp_path):
     store = CraftStore(tmp_path, CL_SIZE, CQ_SIZE)
     for _ in range(3):
-        store.add_unit("T", 0, 0, 0x7FFFFFFF, 0)
-    store.add(Rec(body=b"first"))
+        store.add_unit("T", 0, *PRE_BLANK)
+    store.add(Rec(body=b"first", store_ts=500))
     store.write()
     cl, cq = open_store(tmp_path, CL_SIZE)
-    res = native.scan_queue(cl, cq, CQ_SIZE, 0, 4)
+    for start in (0, 1):
+        res = native.scan_queue(cl, cq, CQ_SIZE, start, 4)
+        assert res.batch.column("queueOffset").to_pylist() == [3]
+    # a filtered scan that would accept them (tag code 0) skips them too
+    res = native.scan_queue(cl, cq, CQ_SIZE, 0, 4, codes=(0, java_hash("x")))
     assert res.batch.column("queueOffset").to_pylist() == [3]
     assert native.cq_first_unit_at_or_above(cq[0], 0) == 3
     assert native.cq_valid_units(cq[0]) == 4
+    assert native.lookup_time(cl, cq, CQ_SIZE, 0, 4, 500) == 3        # fillers count as older
+
+
+@pytest.mark.parametrize("scan_kw", [{}, {"codes": (java_hash("a"),)}, {"codes": (0,)},
+                                     {"codes": tuple(range(1, 10))}],
+                         ids=["all", "filtered", "filtered-code-0", "filtered-many-codes"])
+@pytest.mark.parametrize("where", ["after units", "head of a later file", "after leading ones"])
+def test_pre_blank_unit_after_written_units_is_damage(tmp_path, scan_kw, where):
+    """The broker writes pre-blank units only at the head of a queue's first ConsumeQueue file
+    (format doc §7.4); anywhere else one hides a message, so it is reported, never skipped."""
+    store = CraftStore(tmp_path, CL_SIZE, CQ_SIZE)
+    if where == "after leading ones":
+        store.add_unit("T", 0, *PRE_BLANK)
+    for _ in range(10 if where == "head of a later file" else 3):
+        store.add(Rec(props={"TAGS": "a"}, store_ts=100))
+    bad = store.add_unit("T", 0, *PRE_BLANK)
+    store.add(Rec(props={"TAGS": "a"}, store_ts=200))
+    store.write()
+    cl, cq = open_store(tmp_path, CL_SIZE)
+    with pytest.raises(RmqCorruptStoreError) as exc:
+        native.scan_queue(cl, cq, CQ_SIZE, 0, bad + 2, **scan_kw)
+    path, pos = cq[bad * CQ_UNIT // CQ_SIZE].path, bad * CQ_UNIT % CQ_SIZE
+    assert (exc.value.code, exc.value.path, exc.value.position) == ("BAD_UNIT", path, pos)
+    assert f"file {path}, position {pos}" in str(exc.value)
+    assert f"queue offset {bad}" in str(exc.value)
+    # also when the scan starts at it, and when a time lookup lands on it
+    with pytest.raises(RmqCorruptStoreError, match="BAD_UNIT"):
+        native.scan_queue(cl, cq, CQ_SIZE, bad, bad + 2, **scan_kw)
+    with pytest.raises(RmqCorruptStoreError, match="BAD_UNIT"):
+        native.lookup_time(cl, cq, CQ_SIZE, bad, bad + 1, 150)
+    # the units before it are read up to it
+    res = native.scan_queue(cl, cq, CQ_SIZE, 0, bad, **scan_kw)
+    assert res.next_offset == bad
+
+
+def _queue_store(tmp_path):
+    """T/0: two messages; T/1: two messages; U/0: two messages (same queue offsets as T/0)."""
+    store = CraftStore(tmp_path, CL_SIZE, CQ_SIZE)
+    placed = {}
+    for topic, qid in (("T", 0), ("T", 1), ("U", 0), ("T", 0), ("T", 1), ("U", 0)):
+        rec = Rec(topic=topic, queue_id=qid, body=f"{topic}{qid}".encode(), props={"TAGS": "a"})
+        phy, off = store.add(rec)
+        placed[(topic, qid, off)] = (phy, len(rec.encode()))
+    return store, placed
+
+
+@pytest.mark.parametrize("source", [("T", 1, 1), ("U", 0, 1), ("T", 0, 0)],
+                         ids=["other-queue", "other-topic", "other-offset"])
+def test_unit_pointing_at_another_message_is_a_mismatch(tmp_path, source):
+    store, placed = _queue_store(tmp_path)
+    phy, size = placed[source]
+    store.add_unit("T", 0, phy, size, java_hash("a"))     # T/0 offset 2 -> someone else's record
+    store.write()
+    cl, cq = open_store(tmp_path, CL_SIZE)
+    # told which queue it reads, the scan checks TOPIC, QUEUEID and QUEUEOFFSET
+    for kw in ({}, {"codes": (java_hash("a"),), "tags": ("a",)}):
+        with pytest.raises(RmqCorruptStoreError) as exc:
+            native.scan_queue(cl, cq, CQ_SIZE, 0, 3, topic="T", queue_id=0, **kw)
+        err = exc.value
+        assert (err.code, err.path, err.position) == ("UNIT_MISMATCH", cl.segments[0].path, phy)
+        assert f"file {cl.segments[0].path}, position {phy}" in str(err)
+        assert "queue offset 2" in str(err) and cq[0].path in str(err)
+        res = native.scan_queue(cl, cq, CQ_SIZE, 0, 2, topic="T", queue_id=0, **kw)
+        assert res.batch.column("queueOffset").to_pylist() == [0, 1]
+    # without them only PHYSICALOFFSET can be checked, and it is right
+    res = native.scan_queue(cl, cq, CQ_SIZE, 0, 3)
+    assert res.batch.column("commitLogOffset").to_pylist()[2] == phy
+
+
+def test_record_whose_physical_offset_is_not_its_position(tmp_path):
+    store = CraftStore(tmp_path, CL_SIZE, CQ_SIZE)
+    store.add(Rec(body=b"first", store_ts=100))
+    phy, _ = store.add(Rec(body=b"second", store_ts=200))
+    store.cl[phy + 28:phy + 36] = struct.pack(">q", phy + 4096)       # PHYSICALOFFSET field
+    store.write()
+    cl, cq = open_store(tmp_path, CL_SIZE)
+    for kw in ({}, {"topic": "T", "queue_id": 0}):
+        with pytest.raises(RmqCorruptStoreError) as exc:
+            native.scan_queue(cl, cq, CQ_SIZE, 0, 2, **kw)
+        assert (exc.value.code, exc.value.position) == ("UNIT_MISMATCH", phy)
+        assert "queue offset 1" in str(exc.value)
+    with pytest.raises(RmqCorruptStoreError, match="UNIT_MISMATCH"):
+        cl.store_timestamp(phy, len(store.cl) - phy)
+    with pytest.raises(RmqCorruptStoreError, match="UNIT_MISMATCH"):
+        native.lookup_time(cl, cq, CQ_SIZE, 0, 2, 150)
+
+
+@pytest.mark.parametrize("props,ok", [
+    ({"INNER_MULTI_DISPATCH": "%LMQ%L", "INNER_MULTI_QUEUE_OFFSET": "0"}, True),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%M,%LMQ%L", "INNER_MULTI_QUEUE_OFFSET": "9,0"}, True),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%L,%LMQ%M", "INNER_MULTI_QUEUE_OFFSET": "00,9"}, True),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%L,%LMQ%M", "INNER_MULTI_QUEUE_OFFSET": "9,0"}, False),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%M,%LMQ%L", "INNER_MULTI_QUEUE_OFFSET": "0"}, False),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%Lx", "INNER_MULTI_QUEUE_OFFSET": "0"}, False),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%L", "INNER_MULTI_QUEUE_OFFSET": "+0"}, False),
+    ({"INNER_MULTI_DISPATCH": "%LMQ%L"}, False),
+    ({}, False),
+])
+def test_light_message_queue_units_point_at_the_parent_record(tmp_path, props, ok):
+    """An LMQ (or other multi-dispatch) unit points at a record of the parent topic (format doc
+    §14 item 18): accepted when the record's INNER_MULTI_DISPATCH lists the queue with this
+    queue offset at the same index of INNER_MULTI_QUEUE_OFFSET."""
+    store = CraftStore(tmp_path, CL_SIZE, CQ_SIZE)
+    rec = Rec(topic="Parent", queue_id=3, body=b"lmq", props={"TAGS": "a", **props})
+    phy, _ = store.add(rec)
+    store.add_unit("%LMQ%L", 0, phy, len(rec.encode()), java_hash("a"))
+    store.write()
+    cl, cq = open_store(tmp_path, CL_SIZE, "%LMQ%L", 0)
+    if ok:
+        res = native.scan_queue(cl, cq, CQ_SIZE, 0, 1, topic="%LMQ%L", queue_id=0)
+        assert res.batch.column("queueOffset").to_pylist() == [0]
+        assert res.batch.column("queueId").to_pylist() == [3]           # the record's own
+    else:
+        with pytest.raises(RmqCorruptStoreError, match="UNIT_MISMATCH"):
+            native.scan_queue(cl, cq, CQ_SIZE, 0, 1, topic="%LMQ%L", queue_id=0)
+    # filed under another queue id than the record's (nor 0): never the unit's message
+    with pytest.raises(RmqCorruptStoreError, match="UNIT_MISMATCH"):
+        native.scan_queue(cl, cq, CQ_SIZE, 0, 1, topic="%LMQ%L", queue_id=1)
 
 
 def test_cl_gone_when_commitlog_file_deleted(tmp_path):
@@ -405,6 +530,12 @@ def test_missing_consumequeue_file_is_a_layout_error(tmp_path):
     ({"cq_file_size": 30}, RmqOptionError),
     ({"cq_file_size": 0}, RmqOptionError),
     ({"cq_file_size": 100}, RmqStoreLayoutError),        # files bigger than the file size
+    ({"topic": "T"}, RmqOptionError),                     # topic without queue_id
+    ({"queue_id": 0}, RmqOptionError),
+    ({"topic": "", "queue_id": 0}, RmqOptionError),
+    ({"topic": b"T", "queue_id": 0}, RmqOptionError),
+    ({"topic": "T", "queue_id": 1 << 31}, RmqOptionError),
+    ({"topic": "T", "queue_id": "0"}, RmqOptionError),
 ])
 def test_scan_argument_validation(tmp_path, kwargs, error):
     cl, cq = _tagged_store(tmp_path, ["a"] * 3)

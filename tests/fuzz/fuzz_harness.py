@@ -12,7 +12,8 @@ Two targets (entry points :func:`record_target` and :func:`queue_target`):
 For every call the C core must give the model's answer (``fuzz_model``) or raise the
 RmqSourceError subclass the model names; any other exception, a crash or a sanitizer report is a
 finding. The header (``Knobs``) selects the call arguments: flags, max_rows, file sizes, tag
-subscription, max_bytes, timestamps, and a raw int64 for out-of-range arguments.
+subscription, max_bytes, timestamps, whether scans name the queue they read (so that records
+are checked against it), and a raw int64 for out-of-range arguments.
 
 Files live in one temporary folder per process and are rewritten for every input; their
 mappings are dropped at the end of each input.
@@ -107,6 +108,12 @@ class Knobs:
     @property
     def end_trim(self) -> int:
         return (self.misc >> 3) & 7
+
+    @property
+    def names_queue(self) -> bool:
+        """Scans pass the queue read (topic, queue_id): records must be its messages. Top bits
+        of misc: 0 or 2 no, 1 yes, 3 many tag codes (see subscription)."""
+        return self.misc >> 6 == 1
 
     def subscription(self) -> tuple[tuple[int, ...] | None, tuple[str, ...] | None]:
         """(codes, tags) for scan_queue: None/None (all) or a selection of TAG_POOL."""
@@ -242,15 +249,19 @@ def _diff_rows(got: list[dict], want: list[dict]) -> str:
 
 
 def check_scan(model: Model, cl: native.CommitLog, cq_model: Files, cq_segs, start: int,
-               end: int, codes, tags, max_rows: int, max_bytes: int, verify_crc: bool) -> None:
-    """scan_queue against the model, plus the result invariants of the contract."""
+               end: int, codes, tags, max_rows: int, max_bytes: int, verify_crc: bool,
+               queue: tuple[str, int] | None = None) -> None:
+    """scan_queue against the model, plus the result invariants of the contract. ``queue``:
+    (topic, queue_id) passed to the scan, or None."""
+    topic, queue_id = queue if queue is not None else (None, None)
     what = (f"scan_queue(start={start}, end={end}, codes={codes}, tags={tags}, "
-            f"max_rows={max_rows}, max_bytes={max_bytes}, verify_crc={verify_crc})")
+            f"max_rows={max_rows}, max_bytes={max_bytes}, verify_crc={verify_crc}, "
+            f"topic={topic!r}, queue_id={queue_id})")
     m_kind, m_val = _model(lambda: model.scan(cq_model, start, end, codes, tags, max_rows,
-                                              max_bytes, verify_crc))
+                                              max_bytes, verify_crc, topic, queue_id))
     n_kind, res = _run(lambda: native.scan_queue(
         cl, cq_segs, cq_model.file_size, start, end, codes=codes, tags=tags, max_rows=max_rows,
-        max_bytes=max_bytes, verify_crc=verify_crc))
+        max_bytes=max_bytes, verify_crc=verify_crc, topic=topic, queue_id=queue_id))
     if n_kind == "err":
         if m_kind == "ok":
             raise Finding(f"{what}: C core raised {type(res).__name__}: {res}; the model expects "
@@ -434,6 +445,18 @@ def raw_unit_list(raw_units: bytes, fs: int, base: int) -> list[tuple[int, int, 
     return out
 
 
+def queue_of_first_record(files: list[bytes], fs: int, base: int,
+                          units: list[tuple[int, int, int]]) -> tuple[str, int]:
+    """(topic, queue id) of the first derived unit's record that parses, else ("T", 0): the
+    queue a record-target scan names when it checks records against it."""
+    for phy, size, _ in units:
+        idx, pos = divmod(phy - base, fs)
+        rec = fm.parse_record(files[idx], pos, size) if 0 <= idx < len(files) else None
+        if rec is not None and rec.topic:
+            return rec.topic.decode("utf-8", "surrogateescape"), rec.queue_id
+    return "T", 0
+
+
 def record_target(data: bytes) -> None:
     before = live_batches()
     _record_input(data)
@@ -468,8 +491,9 @@ def _record_input(data: bytes) -> None:
     check_cq_files(cq_model, cq_segs, (0, base, base + fs, k.raw & fm.INT64_MAX))
     codes, tags = k.subscription()
     start, end = scan_range(k, 0, len(units))
+    queue = queue_of_first_record(files, fs, base, derived) if k.names_queue else None
     check_scan(model, cl, cq_model, cq_segs, start, end, codes, tags, k.max_rows, k.max_bytes,
-               k.has(F_VERIFY_CRC))
+               k.has(F_VERIFY_CRC), queue)
     stamps = []
     for phy, size, _ in derived:
         try:
@@ -642,8 +666,9 @@ class QueueTarget:
         check_cq_files(cq_model, cq_segs, (0, cl.min_offset, 1 + (k.raw & 0x3FFF)))
         codes, tags = k.subscription()
         start, end = scan_range(k, first_q, count)
+        # most crafted records are messages of queue T/0 (record i has QUEUEOFFSET i)
         check_scan(model, cl, cq_model, cq_segs, start, end, codes, tags, k.max_rows, k.max_bytes,
-                   k.has(F_VERIFY_CRC))
+                   k.has(F_VERIFY_CRC), ("T", 0) if k.names_queue else None)
         lo, hi, ts = lookup_args(k, first_q, count, self.stamps)
         check_lookup(model, cl, cq_model, cq_segs, lo, hi, ts)
 

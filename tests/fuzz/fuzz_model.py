@@ -286,6 +286,55 @@ def unit_preblank(phy: int, size: int, code: int) -> bool:
     return phy == 0 and size == PREBLANK_SIZE and code == 0
 
 
+def preblank_lead_end(cq: Files) -> int:
+    """Queue offset one past the leading run of pre-blank units of the queue's first file (its
+    first whole unit when there is none): the only place the broker writes them (§7.4,
+    ConsumeQueue.fillPreBlank). A pre-blank unit at or above it is damage."""
+    if not cq.starts:
+        return 0
+    start, data = cq.starts[0], cq.datas[0]
+    n = -(-start // CQ_UNIT)
+    while n <= MAX_QUEUE_OFFSET and n * CQ_UNIT - start + CQ_UNIT <= len(data):
+        if not unit_preblank(*_UNIT.unpack_from(data, n * CQ_UNIT - start)):
+            break
+        n += 1
+    return n
+
+
+def property_value(props: bytes, name: bytes) -> bytes | None:
+    """§4.1 on bytes: the value of ``name`` (split on 0x02, then at the first 0x01; name and
+    value non-empty; a later duplicate wins), or None."""
+    value = None
+    for seg in props.split(b"\x02"):
+        i = seg.find(b"\x01")
+        if i > 0 and i < len(seg) - 1 and seg[:i] == name:
+            value = seg[i + 1:]
+    return value
+
+
+def multi_dispatch_lists(rec: Record, topic: bytes, queue_id: int, n: int) -> bool:
+    """The record names queue (topic, queue_id) at queue offset ``n`` among its multi-dispatch
+    targets (§4.2, §14 item 18): ``topic`` in INNER_MULTI_DISPATCH and ``n`` at the same index
+    of INNER_MULTI_QUEUE_OFFSET (comma-separated), filed under the record's QUEUEID or queue 0."""
+    if queue_id not in (0, rec.queue_id):
+        return False
+    queues = property_value(rec.props, b"INNER_MULTI_DISPATCH")
+    offsets = property_value(rec.props, b"INNER_MULTI_QUEUE_OFFSET")
+    if queues is None or offsets is None:
+        return False
+    for name, off in zip(queues.split(b","), offsets.split(b",")):
+        if name == topic and off and all(0x30 <= c <= 0x39 for c in off) and int(off) == n:
+            return True
+    return False
+
+
+def record_is_unit(rec: Record, topic: bytes, queue_id: int, n: int) -> bool:
+    """The record is the message of unit ``n`` of queue (topic, queue_id) (§7.1, A.3 step 5)."""
+    if rec.topic == topic and rec.queue_id == queue_id and rec.queue_offset == n:
+        return True
+    return multi_dispatch_lists(rec, topic, queue_id, n)
+
+
 def cq_valid_units(data: bytes) -> int:
     n = 0
     for i in range(len(data) // CQ_UNIT):
@@ -323,7 +372,8 @@ class Model:
 
     def record_at(self, phy: int, expect: int | None, cq_path: str | None = None,
                   cq_pos: int | None = None) -> Record:
-        """Structurally valid record at physical offset ``phy`` or ModelError naming the file."""
+        """Structurally valid record at physical offset ``phy`` whose PHYSICALOFFSET field is
+        ``phy``, or ModelError naming the file."""
         idx = self.cl.index_of(phy)
         if idx is None:
             raise ModelError("corrupt", f"physical offset {phy} outside the CommitLog",
@@ -335,6 +385,9 @@ class Model:
         rec = self._cache[key]
         if rec is None:
             raise ModelError("corrupt", f"no valid record at physical offset {phy}",
+                             self.cl.paths[idx], pos)
+        if rec.phy_field != phy:
+            raise ModelError("corrupt", f"PHYSICALOFFSET {rec.phy_field} read at {phy}",
                              self.cl.paths[idx], pos)
         return rec
 
@@ -384,11 +437,13 @@ class Model:
 
     # scan_queue, without the max_bytes limit (the comparator checks that part)
     def scan(self, cq: Files, start: int, end: int, codes, tags, max_rows: int,
-             max_bytes: int, verify_crc: bool):
+             max_bytes: int, verify_crc: bool, topic: str | None = None,
+             queue_id: int | None = None):
         """Returns (rows, next_offset, status) as if ``max_bytes`` were unlimited (it is only
         validated); each row carries "queueOffset" and the private keys "_bytes" (body +
         properties bytes) and "_props_bytes". A ModelError raised part-way carries ``rows``, the
-        rows accepted before it."""
+        rows accepted before it. ``topic``/``queue_id``: the queue read (records must be its
+        messages), or None."""
         check_cq_file_size(cq.file_size)
         check_range("start", start, 0, MAX_QUEUE_OFFSET)
         check_range("end", end, 0, MAX_QUEUE_OFFSET)
@@ -398,17 +453,26 @@ class Model:
         check_range("max_bytes", max_bytes, 1, INT32_MAX)
         if tags is not None and codes is None:
             raise ModelError("option", "tags without codes")
+        if (topic is None) != (queue_id is None):
+            raise ModelError("option", "topic without queue_id or the reverse")
+        ident = None
+        if topic is not None:
+            if not topic:
+                raise ModelError("option", "empty topic")
+            check_range("queue_id", queue_id, -(1 << 31), INT32_MAX)
+            ident = (topic.encode("utf-8", "surrogateescape"), queue_id)
         rows: list[dict] = []
         try:
-            return self._scan(cq, start, end, codes, tags, max_rows, verify_crc, rows)
+            return self._scan(cq, start, end, codes, tags, max_rows, verify_crc, ident, rows)
         except ModelError as exc:
             exc.rows = rows
             raise
 
-    def _scan(self, cq, start, end, codes, tags, max_rows, verify_crc, rows):
+    def _scan(self, cq, start, end, codes, tags, max_rows, verify_crc, ident, rows):
         code_set = None if codes is None else {c for c in codes}
         tag_set = None if tags is None else set(tags)
         cl_min = self.cl.min_offset
+        lead_end = None
         n = start
         status = "END"
         while n < end:
@@ -420,21 +484,31 @@ class Model:
             if not unit_valid(phy, size):
                 status = "CQ_END"
                 break
+            if unit_preblank(phy, size, code):          # whatever the subscription
+                if lead_end is None:
+                    lead_end = preblank_lead_end(cq)
+                if n >= lead_end:
+                    raise ModelError("corrupt", f"pre-blank unit {n} after written units",
+                                     cq_path, cq_pos)
+                n += 1
+                continue
             if code_set is not None:
                 low = code & 0xFFFFFFFF
                 low = low - (1 << 32) if low & 0x80000000 else low
                 if low not in code_set:
                     n += 1
                     continue
-            if unit_preblank(phy, size, code):
-                n += 1
-                continue
             if phy < cl_min:
                 status = "CL_GONE"
                 break
             if len(rows) >= max_rows:
                 status = "FULL"
                 break
+            rec = self.record_at(phy, size, cq_path, cq_pos)
+            if ident is not None and not record_is_unit(rec, ident[0], ident[1], n):
+                idx = self.cl.index_of(phy)
+                raise ModelError("corrupt", f"the record at {phy} is not the message of unit {n}",
+                                 self.cl.paths[idx], phy - self.cl.starts[idx])
             dec = self.decoded_at(phy, size, cq_path, cq_pos)
             if tag_set is not None and dec.tags not in tag_set:
                 n += 1
@@ -459,22 +533,28 @@ class Model:
         if hi < lo:
             raise ModelError("option", "max_offset < min_offset")
         check_range("timestamp_ms", ts, -(1 << 63), INT64_MAX)
+        lead_end = preblank_lead_end(cq)
         while lo < hi:
             mid = lo + (hi - lo) // 2
-            if self._time_ge(cq, mid, ts):
+            if self._time_ge(cq, mid, ts, lead_end):
                 hi = mid
             else:
                 lo = mid + 1
         return lo
 
-    def _time_ge(self, cq: Files, n: int, ts: int) -> bool:
+    def _time_ge(self, cq: Files, n: int, ts: int, lead_end: int) -> bool:
         unit = cq_unit(cq, n)
         if unit is None:
             raise ModelError("corrupt", f"queue offset {n} beyond the written ConsumeQueue")
         phy, size, code, cq_path, cq_pos = unit
         if not unit_valid(phy, size):
             raise ModelError("corrupt", f"unit {n} not written", cq_path, cq_pos)
-        if unit_preblank(phy, size, code) or phy < self.cl.min_offset:
+        if unit_preblank(phy, size, code):
+            if n >= lead_end:
+                raise ModelError("corrupt", f"pre-blank unit {n} after written units", cq_path,
+                                 cq_pos)
+            return False
+        if phy < self.cl.min_offset:
             return False
         return self.record_at(phy, size, cq_path, cq_pos).store_ts >= ts
 

@@ -5,8 +5,10 @@
 Seeds are valid inputs built from valid records: V1 and V2 (140-character topic), IPv6 and
 IPv4-mapped hosts, compressed bodies (legacy zlib flag and 5.x type bits), properties with a
 trailing separator, duplicates and non-ASCII text, KEYS/UNIQ_KEY, "Aa"/"BB" (same tag hash), a
-bad BODYCRC, invalid UTF-8, BLANK file ends, pre-blank units, and header variations (filters,
-max_rows/max_bytes, CommitLog base, raw arguments). Each seed is a 16-byte header
+bad BODYCRC, invalid UTF-8, BLANK file ends, pre-blank units (leading, and misplaced ones),
+records of another queue or with a wrong PHYSICALOFFSET, a multi-dispatch (LMQ) record, and
+header variations (filters, max_rows/max_bytes, CommitLog base, raw arguments, scans naming the
+queue they read). Each seed is a 16-byte header
 (``fuzz_harness.Knobs``) followed by the target's payload.
 """
 from __future__ import annotations
@@ -25,6 +27,8 @@ from fuzz_harness import (F_CL_BASE, F_EXTRA, F_FILTER, F_PREBLANK, F_RAW_ARGS, 
                           F_SMALL_BYTES, F_TAGS, F_VERIFY_CRC, Knobs)
 
 ALL_TAGS = 0b11111
+NAMES_QUEUE = 0x40          # misc: scans name the queue read (Knobs.names_queue)
+PREBLANK = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
 
 
 def knobs(flags: int = 0, rows: int = 0xFF, size: int = 0, misc: int = 0x02, u32: int = 0,
@@ -43,6 +47,11 @@ def _cl(records: list[bytes], fs: int, base: int = 0, first_queue_offset: int = 
     files, placed = fh.layout_records(records, fs, base, first_queue_offset)
     end = placed[-1][0] - base + placed[-1][1] if placed else 0
     return b"".join(files)[:end]
+
+
+def _poke_phy(cl: bytes, phy: int, value: int) -> bytes:
+    """CommitLog bytes with the PHYSICALOFFSET field of the record at ``phy`` (base 0) set."""
+    return cl[:phy + 28] + struct.pack(">q", value) + cl[phy + 36:]
 
 
 def record_seeds() -> dict[str, bytes]:
@@ -95,6 +104,25 @@ def record_seeds() -> dict[str, bytes]:
         "lookup_window": knobs(size=_size_sel(1024), misc=0x0B, u32=3 << 17) +
         _cl([v1, tag_b, untagged, v6], 1024),
         "empty": knobs(rows=1),
+        # scans that name the queue read: records of queue T/0 at their QUEUEOFFSETs, then one
+        # of another topic; a multi-dispatch (LMQ) record listing T at offset 1, then one whose
+        # offsets do not match
+        "queue_named": knobs(size=_size_sel(1024), misc=NAMES_QUEUE | 0x02) +
+        _cl([v1, tag_b, untagged], 1024),
+        "queue_named_other_topic": knobs(size=_size_sel(1024), misc=NAMES_QUEUE | 0x02) +
+        _cl([v1, v2, tag_b], 1024),
+        "queue_named_multi_dispatch": knobs(size=_size_sel(1024), misc=NAMES_QUEUE | 0x02) +
+        _cl([v1, fh._record("Parent", b"lmq", b"INNER_MULTI_DISPATCH\x01%LMQ%x,T\x02"
+                            b"INNER_MULTI_QUEUE_OFFSET\x017,1\x02TAGS\x01TagA", qid=3), tag_b],
+            1024),
+        "queue_named_multi_dispatch_wrong_offset": knobs(size=_size_sel(1024),
+                                                         misc=NAMES_QUEUE | 0x02) +
+        _cl([v1, fh._record("Parent", b"lmq", b"INNER_MULTI_DISPATCH\x01T,%LMQ%x\x02"
+                            b"INNER_MULTI_QUEUE_OFFSET\x012,1")], 1024),
+        "physical_offset_wrong": knobs(size=_size_sel(1024)) +
+        _poke_phy(_cl([v1, tag_b], 1024), len(v1), 4096),
+        # a pre-blank unit after written units (raw units follow the derived ones)
+        "preblank_after_units": knobs(size=_size_sel(512, 1)) + PREBLANK + _cl([v1, tag_b], 512),
     }
     if fixture:
         seeds["fixture_4_9_3"] = knobs(size=_size_sel(4096)) + _cl(fixture, 4096)
@@ -103,7 +131,8 @@ def record_seeds() -> dict[str, bytes]:
 
 def queue_seeds() -> dict[str, bytes]:
     _files, units = fh.fixed_commitlog()
-    unit_of = dict(zip(list(fh.crafted_records()), units[len(fh.fixture_records()):]))
+    n_fixture = len(fh.fixture_records())
+    unit_of = dict(zip(list(fh.crafted_records()), units[n_fixture:]))
     # the last two records are corrupt (BODYCRC, UTF-8): most seeds stop before them
     valid = b"".join(fh.UNIT.pack(*u) for u in units[:-2])
     with_bad_crc = b"".join(fh.UNIT.pack(*u) for u in units[:-1])
@@ -119,6 +148,7 @@ def queue_seeds() -> dict[str, bytes]:
         fh.UNIT.pack(p1, s1, 0),
     ])
     per_file_4 = 3                                         # 4 units per ConsumeQueue file
+    mid = len(valid) // fh.CQ_UNIT // 2 * fh.CQ_UNIT
     seeds = {
         "all_units": knobs(size=15) + valid,
         "all_units_small_files": knobs(size=per_file_4) + valid,
@@ -147,6 +177,20 @@ def queue_seeds() -> dict[str, bytes]:
         "raw_args": knobs(F_RAW_ARGS, size=15, u32=0x0100_0830, raw=0x0000_1000_0000_8004) +
         valid,
         "lookup_window": knobs(size=15, misc=0x09, u32=5 << 17) + valid,
+        # pre-blank units after written units: mid-file, filtered, at the head of a later file
+        "preblank_mid_queue": knobs(size=15) + valid[:40] + PREBLANK + valid[40:],
+        "preblank_mid_queue_filtered": knobs(F_FILTER, size=15, u32=0b00011) + valid[:40] +
+        PREBLANK + valid[40:],
+        "preblank_head_of_later_file": knobs(size=per_file_4) + valid[:80] + PREBLANK +
+        valid[80:],
+        # the lookup's first probe (window [0, count - 1)) lands on it
+        "preblank_lookup": knobs(size=15, misc=0x09, u32=5 << 17) + valid[:mid] + PREBLANK +
+        valid[mid:],
+        # scans naming queue T/0: the crafted records at their QUEUEOFFSETs (the reference
+        # store's records before them replaced by leading pre-blank units), then all units
+        "queue_named": knobs(size=15, misc=NAMES_QUEUE | 0x02) + PREBLANK * n_fixture +
+        b"".join(fh.UNIT.pack(*unit_of[n]) for n in ("v1", "tag_b", "untagged")),
+        "queue_named_mismatch": knobs(size=15, misc=NAMES_QUEUE | 0x02) + valid,
     }
     return seeds
 
