@@ -800,6 +800,20 @@ int64_t rmq_cq_valid_units(const rmq_segment *seg) {
     return n;
 }
 
+int64_t rmq_cq_valid_units_from(const rmq_segment *seg, int64_t known) {
+    if (!seg || !seg->base) return 0;
+    int64_t n = seg->size / CQ_UNIT;
+    if (known <= 0 || known > n) return rmq_cq_valid_units(seg);
+    unit u;
+    read_unit(seg->base + (known - 1) * CQ_UNIT, &u);
+    if (!unit_valid(&u)) return rmq_cq_valid_units(seg); /* the tail was cut back: count anew */
+    for (int64_t i = known; i < n; i++) {
+        read_unit(seg->base + i * CQ_UNIT, &u);
+        if (!unit_valid(&u)) return i;
+    }
+    return n;
+}
+
 int64_t rmq_cq_first_unit_at_or_above(const rmq_segment *seg, int64_t phy_min) {
     if (!seg || !seg->base) return 0;
     int64_t n = seg->size / CQ_UNIT;

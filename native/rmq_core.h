@@ -162,6 +162,10 @@ int rmq_commitlog_valid_end(const rmq_files *cl, int verify_crc, int64_t *out, r
 int rmq_store_timestamp(const rmq_files *cl, int64_t phy, int32_t size, int64_t *out,
                         rmq_error *err);
 int64_t rmq_cq_valid_units(const rmq_segment *seg);
+/* rmq_cq_valid_units when the first `known` units were valid at an earlier call: units are only
+ * appended, so only unit known-1 is re-checked (a full count if it is no longer valid) and the
+ * count goes on from there. */
+int64_t rmq_cq_valid_units_from(const rmq_segment *seg, int64_t known);
 int64_t rmq_cq_first_unit_at_or_above(const rmq_segment *seg, int64_t phy_min);
 int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset,
                     int64_t max_offset, int64_t timestamp_ms, int64_t *out, rmq_error *err);

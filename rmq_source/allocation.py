@@ -220,15 +220,18 @@ def _check_args(current_cid: Any, mq_all: Any, cid_all: Any, *, blank_cid: bool 
     if mq_all is None or (isinstance(mq_all, (list, tuple)) and not mq_all):
         raise RmqAllocationError("mqAll is null or mqAll empty")
     mqs = _check_sequence(mq_all, "mqAll")
-    for i, mq in enumerate(mqs):
-        if not isinstance(mq, MessageQueue):
-            raise RmqAllocationError(f"mqAll[{i}] is not a MessageQueue: {mq!r}")
+    # The planner calls every slot's allocate with the same lists: check types in C first.
+    if not set(map(type, mqs)) <= {MessageQueue}:
+        for i, mq in enumerate(mqs):
+            if not isinstance(mq, MessageQueue):
+                raise RmqAllocationError(f"mqAll[{i}] is not a MessageQueue: {mq!r}")
     if cid_all is None or (isinstance(cid_all, (list, tuple)) and not cid_all):
         raise RmqAllocationError("cidAll is null or cidAll empty")
     cids = _check_sequence(cid_all, "cidAll")
-    for i, cid in enumerate(cids):
-        if not isinstance(cid, str):
-            raise RmqAllocationError(f"cidAll[{i}] is not a str: {cid!r}")
+    if not set(map(type, cids)) <= {str}:
+        for i, cid in enumerate(cids):
+            if not isinstance(cid, str):
+                raise RmqAllocationError(f"cidAll[{i}] is not a str: {cid!r}")
     return mqs, cids
 
 

@@ -91,7 +91,16 @@ class StoreCatalog:
         return self.store(mq.broker_name).queue_info(mq.topic, mq.queue_id)
 
     def infos(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, QueueInfo]:
-        return {mq: self.info(mq) for mq in mqs}
+        """Min/max of every queue; each store lists its CommitLog once for all its queues."""
+        mqs = list(mqs)
+        groups: dict[tuple[str, str], list[MessageQueue]] = {}
+        for mq in mqs:
+            groups.setdefault((mq.broker_name, mq.topic), []).append(mq)
+        found: dict[MessageQueue, QueueInfo] = {}
+        for (broker, topic), group in groups.items():
+            infos = self.store(broker).queue_infos(topic, [mq.queue_id for mq in group])
+            found.update(zip(group, infos))
+        return {mq: found[mq] for mq in mqs}
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
         return self.store(mq.broker_name).offset_for_timestamp(mq.topic, mq.queue_id, timestamp_ms)

@@ -101,6 +101,7 @@ class Segment:
         self.path = path
         self.file_start = file_start
         self.size = size
+        self._valid_units = 0  # leading valid ConsumeQueue units at the last count (a hint)
 
     @property
     def closed(self) -> bool:
@@ -217,10 +218,15 @@ class CommitLog:
 
 
 def cq_valid_units(seg: Segment) -> int:
-    """Number of leading valid 20-byte units of a ConsumeQueue file (§2.4: phy >= 0, size > 0)."""
+    """Number of leading valid 20-byte units of a ConsumeQueue file (§2.4: phy >= 0, size > 0).
+
+    Units are only appended to a live file, so a later call on the same mapping re-checks the last
+    unit it counted (counting anew if that unit was cut back) and scans only the units after it.
+    """
     if not isinstance(seg, Segment):
         raise RmqOptionError(f"seg must be a Segment, got {seg!r}")
-    return int(lib.rmq_cq_valid_units(seg._live()))
+    seg._valid_units = int(lib.rmq_cq_valid_units_from(seg._live(), seg._valid_units))
+    return seg._valid_units
 
 
 def cq_first_unit_at_or_above(seg: Segment, phy_min: int) -> int:

@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
-from .allocation import MessageQueue, java_string_key
+from .allocation import AllocateMessageQueueAveragely, MessageQueue, java_string_key
 from .errors import RmqAllocationError
 
 
@@ -71,7 +72,28 @@ def share_limit(backlogs: Mapping[MessageQueue, int], limit: int) -> dict[Messag
 
 def allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[str]
                    ) -> dict[str, list[MessageQueue]]:
-    """Queue -> slot allocation; every queue must go to exactly one slot."""
+    """Queue -> slot allocation; every queue must go to exactly one slot.
+
+    Memoized for the built-in strategies (pure functions of their arguments): a query asks for
+    the same allocation every micro-batch (twice: latestOffset and partitions) and computing it
+    costs O(slots x queues). A user's strategy is asked every time."""
+    if type(strategy).__module__ != _BUILT_IN:
+        return _allocate_slots(mqs, strategy, group, slots)
+    got = _allocate_slots_cached(strategy, group, tuple(sorted(mqs)), tuple(slots))
+    return {slot: list(q) for slot, q in got.items()}
+
+
+_BUILT_IN = AllocateMessageQueueAveragely.__module__
+
+
+@lru_cache(maxsize=16)
+def _allocate_slots_cached(strategy, group: str, mqs: tuple, slots: tuple
+                           ) -> dict[str, tuple[MessageQueue, ...]]:
+    return {slot: tuple(q) for slot, q in _allocate_slots(list(mqs), strategy, group, list(slots)).items()}
+
+
+def _allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[str]
+                    ) -> dict[str, list[MessageQueue]]:
     mq_all = sorted(mqs)
     known = set(mq_all)
     cid_all = sorted(slots, key=java_string_key)

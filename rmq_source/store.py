@@ -125,27 +125,30 @@ class Store:
         self.broker_name = broker_name
         self._cl_file_size = commitlog_file_size
         self._cq_file_size = cq_file_size
-        self._segments: dict[str, native.Segment] = {}
+        self._segments: dict[str, dict[str, native.Segment]] = {}   # folder -> path -> mapping
         self._lock = threading.RLock()
 
     # -- mapped files -------------------------------------------------------------------------
-    def _segment(self, path: str, start: int) -> native.Segment:
+    def _segment(self, folder: str, path: str, start: int) -> native.Segment:
         """A mapping of ``path``, re-made when the file changed size or was replaced."""
         st = os.stat(path)
-        seg = self._segments.get(path)
+        mapped = self._segments.setdefault(folder, {})
+        seg = mapped.get(path)
         if seg is not None and (seg.size != st.st_size or getattr(seg, "_ino", None) != st.st_ino):
             seg.close()
             seg = None
         if seg is None:
             seg = native.map_segment(path, start)
             seg._ino = st.st_ino
-            self._segments[path] = seg
+            mapped[path] = seg
         return seg
 
     def _forget_missing(self, folder: str, present: set[str]) -> None:
-        prefix = folder + os.sep
-        for path in [p for p in self._segments if p.startswith(prefix) and p not in present]:
-            self._segments.pop(path).close()
+        mapped = self._segments.get(folder)
+        if not mapped:
+            return
+        for path in [p for p in mapped if p not in present]:
+            mapped.pop(path).close()
 
     def _segments_of(self, folder: str, file_size: int | None, what: str) -> tuple[list, int]:
         """Mapped files of ``folder`` (sorted, consecutive) and the file size.
@@ -179,7 +182,7 @@ class Store:
                 raise RmqStoreLayoutError(
                     f"{what} files are not consecutive: {pa_} starts at {a} and the next at {b}, "
                     f"expected a step of the file size {file_size}")
-        return [self._segment(p, s) for s, p in files], file_size
+        return [self._segment(folder, p, s) for s, p in files], file_size
 
     def commitlog(self) -> native.CommitLog:
         """The CommitLog as currently on disk (re-listed on every call)."""
@@ -266,21 +269,28 @@ class Store:
                 return (seg.file_start + valid * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
         return segs[-1].file_start // CQ_UNIT_SIZE + segs[-1].size // CQ_UNIT_SIZE if segs else 0
 
-    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+    def queue_info(self, topic: str, queue_id: int, *, commitlog: native.CommitLog | None = None
+                   ) -> QueueInfo:
+        """Min/max offsets of one queue; ``commitlog`` (default: listed now) may be shared by
+        the calls of one planning pass."""
         segs, _ = self._cq(topic, queue_id)
         if not segs:
             return QueueInfo(topic, queue_id, 0, 0)
-        last = segs[-1]
-        max_off = (last.file_start + native.cq_valid_units(last) * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
-        min_off = min(self._min_offset(segs, self.commitlog().min_offset), max_off)
+        max_off = self._max_of(segs)
+        cl = self.commitlog() if commitlog is None else commitlog
+        min_off = min(self._min_offset(segs, cl.min_offset), max_off)
         return QueueInfo(topic, queue_id, min_off, max_off)
+
+    def queue_infos(self, topic: str, queue_ids) -> list[QueueInfo]:
+        """:meth:`queue_info` of several queues, listing the CommitLog folder once."""
+        cl = self.commitlog()
+        return [self.queue_info(topic, q, commitlog=cl) for q in queue_ids]
 
     def queues(self, topics: list[str] | None = None) -> list[QueueInfo]:
         """Every queue of ``topics`` (default: all topics) with its current min/max offsets."""
         out = []
         for topic in (self.topics() if topics is None else topics):
-            for qid in self.queue_ids(topic):
-                out.append(self.queue_info(topic, qid))
+            out.extend(self.queue_infos(topic, self.queue_ids(topic)))
         return out
 
     # -- reading ------------------------------------------------------------------------------
@@ -436,12 +446,12 @@ class Store:
         """
         if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
             raise RmqOptionError(f"timestamp_ms must be an integer (epoch ms), got {timestamp_ms!r}")
-        info = self.queue_info(topic, queue_id)
+        cl = self.commitlog()
+        info = self.queue_info(topic, queue_id, commitlog=cl)
         if info.max_offset == info.min_offset:
             return info.max_offset
         segs, cq_size = self._cq(topic, queue_id)
-        return native.lookup_time(self.commitlog(), segs, cq_size, info.min_offset,
-                                  info.max_offset, timestamp_ms)
+        return native.lookup_time(cl, segs, cq_size, info.min_offset, info.max_offset, timestamp_ms)
 
     def consumer_offsets(self) -> dict[tuple[str, str], dict[int, int]]:
         """The broker's own ``config/consumerOffset.json``: {(topic, group): {queueId: offset}}."""
@@ -451,8 +461,9 @@ class Store:
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         with self._lock:
-            for seg in self._segments.values():
-                seg.close()
+            for mapped in self._segments.values():
+                for seg in mapped.values():
+                    seg.close()
             self._segments.clear()
 
     def __enter__(self) -> "Store":

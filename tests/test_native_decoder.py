@@ -498,6 +498,28 @@ def test_map_segment_files(tmp_path):
         native.cq_valid_units(seg)
 
 
+
+def test_valid_unit_count_follows_a_live_file_on_the_same_mapping(tmp_path):
+    """cq_valid_units resumes from its last count on a mapping: units written since are counted,
+    and a tail cut back (zeroed, as recovery does) is counted anew."""
+    path = tmp_path / "00000000000000000000"
+    units = [struct.pack(">qiq", 100 * i, 100, 0) for i in range(10)]
+    path.write_bytes(b"".join(units[:4]) + bytes(20 * 6))
+    seg = native.map_segment(path, 0)
+
+    def put(first, data):
+        with open(path, "r+b") as f:
+            f.seek(20 * first)
+            f.write(data)
+
+    steps = [(None, 4), ((4, b"".join(units[4:7])), 7), ((2, bytes(20 * 5)), 2),
+             ((2, b"".join(units[2:10])), 10), ((9, bytes(20)), 9)]
+    for change, expected in steps:
+        if change is not None:
+            put(*change)
+        assert native.cq_valid_units(seg) == expected, change
+    seg.close()
+
 def test_missing_consumequeue_file_is_a_layout_error(tmp_path):
     store = CraftStore(tmp_path, 1 << 16, CQ_SIZE)
     for _ in range(35):
