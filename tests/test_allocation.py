@@ -471,3 +471,27 @@ def test_user_strategy_failures_raise(monkeypatch, spec, message, cause):
     # Behind the nearby proxy the failure still surfaces instead of an empty allocation.
     with pytest.raises(RmqAllocationError, match=message):
         create_strategy("MACHINE_ROOM_NEARBY", inner=spec).allocate("G", "room1@c1", QUEUES, CIDS)
+
+
+def test_slot_allocation_is_memoized_only_for_built_in_strategies():
+    """The planner remembers a built-in strategy's allocation (a pure function of its arguments)
+    and asks a user's strategy every time, and both give the same answer as a fresh call."""
+    from rmq_source.planner import allocate_slots
+
+    class Counting:
+        calls = 0
+
+        def allocate(self, consumer_group, current_cid, mq_all, cid_all):
+            Counting.calls += 1
+            return list(mq_all[cid_all.index(current_cid)::len(cid_all)])
+
+    mqs = [MessageQueue("T", "b", q) for q in range(6)]
+    slots = ["s0", "s1"]
+    user = Counting()
+    first = allocate_slots(mqs, user, "G", slots)
+    assert allocate_slots(list(reversed(mqs)), user, "G", slots) == first
+    assert Counting.calls == 4  # two slots, asked twice
+    built_in = AllocateMessageQueueAveragely()
+    got = allocate_slots(mqs, built_in, "G", slots)
+    got["s0"].clear()  # a caller changing its copy does not change the remembered answer
+    assert allocate_slots(mqs, built_in, "G", slots) == {"s0": mqs[:3], "s1": mqs[3:]}
