@@ -41,12 +41,34 @@ from .statefile import append_jsonl, file_lock, group_state_path
 log = logging.getLogger(__name__)
 
 _PLANS_KEEP = 500
+_PLANS_COMPACT_BYTES = 4 << 20  # the plans file is compacted beyond this size
 
 
 def plan_key(start: dict, end: dict) -> str:
     """Stable key of a batch: a hash of its start and end offsets (canonical JSON)."""
     text = json.dumps([start, end], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plans_to_keep(lines: list[str]) -> set[int]:
+    """Indexes of the plan lines :meth:`GroupSession._compact` keeps (see there)."""
+    keep = set(range(max(0, len(lines) - _PLANS_KEEP), len(lines)))
+    last_two: dict[str, list[int]] = {}
+    first: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            client = rec["client"]
+        except (ValueError, TypeError, KeyError):
+            continue  # a torn line of a crashed writer
+        last_two.setdefault(client, []).append(i)
+        del last_two[client][:-2]
+        if "start" in rec:
+            first[client] = i
+    for indexes in last_two.values():
+        keep.update(indexes)
+    keep.update(first.values())
+    return keep
 
 
 class GroupSession:
@@ -164,12 +186,16 @@ class GroupSession:
             rec["start"] = start
         with file_lock(self.plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
             append_jsonl(self.plans_path, [rec])
-            if os.path.getsize(self.plans_path) > 4 << 20:
+            if os.path.getsize(self.plans_path) > _PLANS_COMPACT_BYTES:
                 self._compact()
 
     def _compact(self) -> None:
+        """Keep the last ``_PLANS_KEEP`` plans, and whatever a client that is down may still need
+        however long ago it planned: its last two plans (the batch it may re-run and the
+        committed one before it) and its last first-batch plan."""
         with open(self.plans_path, encoding="utf-8") as f:
-            lines = f.readlines()[-_PLANS_KEEP:]
+            lines = f.readlines()
+        lines = [lines[i] for i in sorted(_plans_to_keep(lines))]
         tmp = self.plans_path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(lines)

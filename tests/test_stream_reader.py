@@ -133,3 +133,32 @@ def test_first_batch_reads_from_the_start_it_was_planned_from(store):
         assert _ranges(restarted.partitions(again, end)) == [(q, 0, 30) for q in range(3)]
     finally:
         restarted.stop()
+
+
+def test_compacting_the_plans_keeps_what_a_stopped_query_needs(store, monkeypatch):
+    """A query that is down while the others plan on must still find, however long after, the
+    plans of its first batch, of the batch it may re-run and of the batch committed before it."""
+    import rmq_source.group_session as gs
+    monkeypatch.setattr(gs, "_PLANS_KEEP", 3)
+    monkeypatch.setattr(gs, "_PLANS_COMPACT_BYTES", 2000)
+    group = dict(consumerGroup="GC", startingOffsets="group",
+                 consumeFromWhere="CONSUME_FROM_FIRST_OFFSET")
+    down, busy = _reader(store, clientId="down", **group), _reader(store, clientId="busy", **group)
+    try:
+        offsets = [{"T": {"broker-a": {"0": n}}} for n in range(60)]
+        mq = next(iter(from_json_dict(offsets[0])))
+        down.session.record_plan(offsets[0], offsets[1], {mq}, first=True)
+        down.session.record_plan(offsets[1], offsets[2], {mq})
+        down.session.record_plan(offsets[2], offsets[3], {mq})
+        for n in range(10, 59):
+            busy.session.record_plan(offsets[n], offsets[n + 1], set())
+        with open(down.session.plans_path) as f:
+            assert len(f.readlines()) < 30  # compacted
+        assert down.session.first_batch_plan(offsets[1]) == (offsets[0], {mq})
+        assert down.session.planned_reads(offsets[1], offsets[2]) == {mq}
+        assert down.session.planned_reads(offsets[2], offsets[3]) == {mq}
+        assert busy.session.planned_reads(offsets[10], offsets[11]) is None  # dropped
+        assert busy.session.planned_reads(offsets[58], offsets[59]) == set()
+    finally:
+        down.stop()
+        busy.stop()
