@@ -815,9 +815,21 @@ int64_t rmq_cq_valid_units_from(const rmq_segment *seg, int64_t known) {
 }
 
 int64_t rmq_cq_first_unit_at_or_above(const rmq_segment *seg, int64_t phy_min) {
+    return rmq_cq_first_unit_at_or_above_from(seg, phy_min, 0);
+}
+
+int64_t rmq_cq_first_unit_at_or_above_from(const rmq_segment *seg, int64_t phy_min,
+                                           int64_t known) {
     if (!seg || !seg->base) return 0;
     int64_t n = seg->size / CQ_UNIT;
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+    if (known > 0 && known <= n) {
+        /* resume only if the unit before `known` still is one the scan passes over */
+        unit u;
+        read_unit(seg->base + (known - 1) * CQ_UNIT, &u);
+        if (unit_valid(&u) && (unit_preblank(&u) || u.phy < phy_min)) i = known;
+    }
+    for (; i < n; i++) {
         unit u;
         read_unit(seg->base + i * CQ_UNIT, &u);
         if (!unit_valid(&u)) return i;

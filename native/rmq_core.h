@@ -167,6 +167,10 @@ int64_t rmq_cq_valid_units(const rmq_segment *seg);
  * count goes on from there. */
 int64_t rmq_cq_valid_units_from(const rmq_segment *seg, int64_t known);
 int64_t rmq_cq_first_unit_at_or_above(const rmq_segment *seg, int64_t phy_min);
+/* The same, given that an earlier call with a phy_min <= this one answered `known` on the same
+ * mapping: units before it are passed over again only if unit known-1 changed. */
+int64_t rmq_cq_first_unit_at_or_above_from(const rmq_segment *seg, int64_t phy_min,
+                                           int64_t known);
 int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset,
                     int64_t max_offset, int64_t timestamp_ms, int64_t *out, rmq_error *err);
 int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *args,

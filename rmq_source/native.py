@@ -27,6 +27,10 @@ import pyarrow as pa
 from .errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
 from .schema import ARROW_SCHEMA
 
+# Sanitizer builds read each file into an exact-size heap copy (so AddressSanitizer sees reads past
+# its end) instead of mapping it: their segments do not see bytes written to the file later.
+SEGMENTS_FOLLOW_WRITES = not os.environ.get("RMQ_NATIVE", "").startswith("asan")
+
 if os.environ.get("RMQ_NATIVE", "") == "asan":
     from _rmq_native_asan import ffi, lib  # type: ignore[import-not-found]
 elif os.environ.get("RMQ_NATIVE", "") == "asan-portable":
@@ -102,6 +106,7 @@ class Segment:
         self.file_start = file_start
         self.size = size
         self._valid_units = 0  # leading valid ConsumeQueue units at the last count (a hint)
+        self._first_at_or_above = (0, 0)  # (answer, phy_min) of cq_first_unit_at_or_above
 
     @property
     def closed(self) -> bool:
@@ -234,11 +239,18 @@ def cq_first_unit_at_or_above(seg: Segment, phy_min: int) -> int:
 
     Only the leading valid units are considered; when none qualifies the result is their count
     (:func:`cq_valid_units`). Pre-blank filler units (0, 0x7FFFFFFF, 0) never qualify.
+    Retention only raises the CommitLog min, so a later call on the same mapping with a
+    ``phy_min`` at least as high resumes where the last one stopped.
     """
     if not isinstance(seg, Segment):
         raise RmqOptionError(f"seg must be a Segment, got {seg!r}")
     _check_int("phy_min", phy_min)
-    return int(lib.rmq_cq_first_unit_at_or_above(seg._live(), phy_min))
+    known, known_min = seg._first_at_or_above
+    if phy_min < known_min:
+        known = 0
+    found = int(lib.rmq_cq_first_unit_at_or_above_from(seg._live(), phy_min, known))
+    seg._first_at_or_above = (found, phy_min)
+    return found
 
 
 def _check_cq(cq_segments, cq_file_size: int) -> _Files:

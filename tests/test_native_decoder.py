@@ -482,6 +482,10 @@ def test_store_timestamp(tmp_path):
 
 # -- files and arguments ------------------------------------------------------------------------
 
+_needs_shared_mapping = pytest.mark.skipif(
+    not native.SEGMENTS_FOLLOW_WRITES,
+    reason="this C core build reads files into heap copies (sanitizer build), not shared mappings")
+
 def test_map_segment_files(tmp_path):
     with pytest.raises(RmqStoreLayoutError):
         native.map_segment(tmp_path / "nope", 0)
@@ -499,6 +503,7 @@ def test_map_segment_files(tmp_path):
 
 
 
+@_needs_shared_mapping
 def test_valid_unit_count_follows_a_live_file_on_the_same_mapping(tmp_path):
     """cq_valid_units resumes from its last count on a mapping: units written since are counted,
     and a tail cut back (zeroed, as recovery does) is counted anew."""
@@ -518,6 +523,43 @@ def test_valid_unit_count_follows_a_live_file_on_the_same_mapping(tmp_path):
         if change is not None:
             put(*change)
         assert native.cq_valid_units(seg) == expected, change
+    seg.close()
+
+
+@_needs_shared_mapping
+def test_first_unit_at_or_above_resumes_only_where_a_scan_from_the_start_would(tmp_path):
+    """cq_first_unit_at_or_above on one mapping, with the CommitLog min going up (retention), down
+    (another listing) and the file changing under it, always answers what a scan from unit 0
+    answers."""
+    path = tmp_path / "00000000000000000000"
+    preblank = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+    units = [preblank] * 2 + [struct.pack(">qiq", 1000 + 100 * i, 100, 0) for i in range(8)]
+    path.write_bytes(b"".join(units) + bytes(20 * 2))
+    seg = native.map_segment(path, 0)
+
+    def expected(phy_min):
+        data = path.read_bytes()
+        for i in range(len(data) // 20):
+            phy, size, tags = struct.unpack_from(">qiq", data, 20 * i)
+            if phy < 0 or size <= 0:
+                return i
+            if not (phy == 0 and size == 0x7FFFFFFF and tags == 0) and phy >= phy_min:
+                return i
+        return len(data) // 20
+
+    def put(first, data):
+        with open(path, "r+b") as f:
+            f.seek(20 * first)
+            f.write(data)
+
+    steps = [(None, 0), (None, 1300), (None, 1500), (None, 1200), (None, 5000),
+             ((10, struct.pack(">qiq", 1800, 100, 0)), 5000), ((3, bytes(20 * 9)), 5000),
+             (None, 1000), ((3, struct.pack(">qiq", 9000, 100, 0)), 1100)]
+    for change, phy_min in steps:
+        if change is not None:
+            put(*change)
+        assert native.cq_first_unit_at_or_above(seg, phy_min) == expected(phy_min), (change,
+                                                                                      phy_min)
     seg.close()
 
 def test_missing_consumequeue_file_is_a_layout_error(tmp_path):
