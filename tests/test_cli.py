@@ -7,13 +7,12 @@ import shutil
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("rmq_source.store", reason="the CLI reads stores through rmq_source.store")
+from conftest import fixture_dir
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+pytest.importorskip("rmq_source.store", reason="the CLI reads stores through rmq_source.store")
 
 
 def run(*args, timeout=120) -> subprocess.CompletedProcess:
@@ -217,9 +216,7 @@ def test_print_to_a_closed_pipe_is_quiet(sample):
 
 
 def test_print_the_brokers_store():
-    base = FIXTURES / "rocketmq-4.9.3" / "basic"
-    if not (base / "store").is_dir():
-        pytest.skip(f"fixture {base} not found")
+    base = fixture_dir("rocketmq-4.9.3/basic")
     out = run("print", base / "store", "--topic", "TopicTest", "--queue", 0, "--json")
     assert out.returncode == 0, out.stderr
     rows = json_lines(out.stdout)

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_FIXTURES, fixture_dir
+
 from rmq_source.group_membership import GroupMembership
 from rmq_source.locks import QueueLockManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_builder import build_store  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-BASIC = FIXTURES / "rocketmq-4.9.3" / "basic"
+BASIC = SHARED_FIXTURES / "rocketmq-4.9.3" / "basic"
 GROUP = "GroupOps"
 
 
@@ -56,8 +57,7 @@ def written(tmp_path):
 
 @pytest.fixture(scope="module")
 def fixture_copy(tmp_path_factory):
-    if not (BASIC / "store").is_dir():
-        pytest.skip(f"fixture {BASIC} not found (expected the shared RocketMQ 4.9.3 store)")
+    fixture_dir("rocketmq-4.9.3/basic")
     root = tmp_path_factory.mktemp("fx") / "store"
     shutil.copytree(BASIC / "store", root)
     for folder, _, files in os.walk(root):        # the fixture is read-only

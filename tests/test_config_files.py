@@ -9,18 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fixture_dir
+
 from rmq_source.config_files import (dump_fastjson, load_config_json, parse_fastjson,
                                      read_consumer_offsets, read_topics, write_config_atomic)
 from rmq_source.errors import RmqConfigFileError, RmqSourceError
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-BASIC_493 = FIXTURES / "rocketmq-4.9.3" / "basic"
-
 
 def need_fixture() -> Path:
-    if not (BASIC_493 / "store" / "config").is_dir():
-        pytest.skip(f"RocketMQ 4.9.3 fixture not found at {BASIC_493}")
-    return BASIC_493
+    return fixture_dir("rocketmq-4.9.3/basic")
 
 
 # ------------------------------------------------------------------------------------ parsing

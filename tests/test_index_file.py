@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_FIXTURES, fixture_dir
+
 from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
 from rmq_source.index_file import (DEFAULT_HASH_SLOTS, DEFAULT_INDEX_NUM, IndexFile, find_by_key,
@@ -23,14 +25,11 @@ from rmq_source.store import Store
 from rmq_source.subscription import java_string_hash
 from rmq_source.writer import StoreWriter
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-BASIC = FIXTURES / "rocketmq-4.9.3" / "basic"
+BASIC = SHARED_FIXTURES / "rocketmq-4.9.3" / "basic"
 
 
 def _fixture() -> Path:
-    if not (BASIC / "store" / "index").is_dir():
-        pytest.skip(f"fixture {BASIC} not found (expected the shared RocketMQ 4.9.3 store)")
-    return BASIC
+    return fixture_dir("rocketmq-4.9.3/basic")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -420,9 +419,7 @@ def test_index_method_without_index_files(tmp_path):
 
 
 def test_the_533_fixture_index_agrees_with_its_manifest():
-    base = FIXTURES / "rocketmq-5.3.3" / "basic"
-    if not (base / "store" / "index").is_dir():
-        pytest.skip(f"fixture {base} not found (expected the shared RocketMQ 5.3.3 store)")
+    base = fixture_dir("rocketmq-5.3.3/basic")
     manifest = _jsonl(base / "manifest.jsonl")
     long_topic = next(m["topic"] for m in manifest if len(m["topic"]) > 127)   # V2 records
     picks = [m for m in manifest if m["topic"] == "OrderTopic"][:3]

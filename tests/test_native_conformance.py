@@ -18,18 +18,16 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from conftest import SHARED_FIXTURES, fixture_dir
+
 from rmq_source import native
 from rmq_source.subscription import Subscription
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 VERSIONS = ["rocketmq-4.9.3", "rocketmq-5.3.3"]
 
 
 def _fixture(version: str) -> Path:
-    folder = FIXTURES / version / "basic"
-    if not (folder / "manifest.jsonl").is_file():
-        pytest.skip(f"fixture {folder} is absent (expected the shared RocketMQ reference stores)")
-    return folder
+    return fixture_dir(f"{version}/basic")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -70,7 +68,7 @@ def fixture(version: str) -> Fixture:
 
 
 def _queue_ids(version: str) -> list[str]:
-    folder = FIXTURES / version / "basic" / "queues.json"
+    folder = SHARED_FIXTURES / version / "basic" / "queues.json"
     if not folder.is_file():
         return ["absent"]
     data = json.loads(folder.read_text())
@@ -175,7 +173,7 @@ def test_store_timestamp_of_every_record(version):
 
 
 def _filter_cases(version: str) -> list:
-    path = FIXTURES / version / "basic" / "filter.jsonl"
+    path = SHARED_FIXTURES / version / "basic" / "filter.jsonl"
     if not path.is_file():
         return [pytest.param(None, id="absent")]
     cases, seen = [], set()
@@ -254,7 +252,7 @@ def test_hash_collision_removed_only_by_exact_check():
 
 
 def _time_cases(version: str) -> list:
-    path = FIXTURES / version / "basic" / "timestamps.jsonl"
+    path = SHARED_FIXTURES / version / "basic" / "timestamps.jsonl"
     if not path.is_file():
         return [pytest.param(None, id="absent")]
     return [pytest.param(r, id=f"{i}-{r['topic'][:12]}-{r['queueId']}-{r['kind']}")

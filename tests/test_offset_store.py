@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fixture_dir
+
 from rmq_source.allocation import MessageQueue
 from rmq_source.config_files import dump_fastjson, parse_fastjson, write_config_atomic
 from rmq_source.errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError
 from rmq_source.offset_store import OFFSET_FILE_NAME, GroupOffsetStore, ReadOffsetType
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 MQ = MessageQueue
 MEMORY, STORE, FIRST = (ReadOffsetType.READ_FROM_MEMORY, ReadOffsetType.READ_FROM_STORE,
                         ReadOffsetType.MEMORY_FIRST_THEN_STORE)
@@ -29,11 +30,7 @@ BROKER_GROUP_A = {0: 317, 1: 142, 2: 293, 3: 159}
 
 
 def broker_store_4_9_3() -> Path:
-    path = FIXTURES / "rocketmq-4.9.3" / "basic" / "store"
-    if not (path / "config" / OFFSET_FILE_NAME).is_file():
-        pytest.skip(f"reference fixture not found at {path} (the shared/ folder must sit beside "
-                    "this checkout)")
-    return path
+    return fixture_dir("rocketmq-4.9.3/basic") / "store"
 
 
 def snapshot(directory: Path) -> dict[str, tuple[str, int]]:

@@ -7,14 +7,14 @@ import json
 import os
 import zlib
 from datetime import datetime
-from pathlib import Path
 
 import pytest
+
+from conftest import fixture_dir
 
 from rmq_source import record_codec as rc
 from rmq_source.errors import RmqOptionError
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 # Worked example B.1 of the format doc, byte for byte.
 B1_HEX = """
@@ -70,9 +70,7 @@ def test_decode_record_rejects_truncated_records(cut):
 
 
 def _fixture_records(version: str):
-    base = FIXTURES / f"rocketmq-{version}" / "basic"
-    if not (base / "manifest.jsonl").is_file():
-        pytest.skip(f"fixture {base} not found")
+    base = fixture_dir(f"rocketmq-{version}/basic")
     with open(base / "manifest.jsonl", encoding="utf-8") as f:
         for line in f:
             yield base, json.loads(line)

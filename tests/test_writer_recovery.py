@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fixture_dir
+
 from rmq_source import record_codec as rc
 from rmq_source.config_files import read_topics
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
@@ -17,7 +19,6 @@ from rmq_source.writer import StoreWriter, delete_oldest_commitlog_files
 
 pytest.importorskip("rmq_source._native", reason="recovery needs the compiled C core (pip install -e .)")
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 CL = 4096
 UNITS = 8
 
@@ -193,9 +194,7 @@ def test_module_level_retention_helper(tmp_path):
 # --------------------------------------------------------------------------- the broker's stores
 
 def copy_fixture(version: str, tmp_path: Path) -> tuple[Path, Path]:
-    base = FIXTURES / f"rocketmq-{version}" / "basic"
-    if not (base / "store").is_dir():
-        pytest.skip(f"fixture {base} not found")
+    base = fixture_dir(f"rocketmq-{version}/basic")
     root = tmp_path / "store"
     shutil.copytree(base / "store", root)
     for p in [root, *root.rglob("*")]:
