@@ -27,13 +27,15 @@ import pyarrow as pa
 from .errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
 from .schema import ARROW_SCHEMA
 
+_BUILD = os.environ.get("RMQ_NATIVE", "")
+
 # Sanitizer builds read each file into an exact-size heap copy (so AddressSanitizer sees reads past
 # its end) instead of mapping it: their segments do not see bytes written to the file later.
-SEGMENTS_FOLLOW_WRITES = not os.environ.get("RMQ_NATIVE", "").startswith("asan")
+SEGMENTS_FOLLOW_WRITES = not _BUILD.startswith("asan")
 
-if os.environ.get("RMQ_NATIVE", "") == "asan":
+if _BUILD == "asan":
     from _rmq_native_asan import ffi, lib  # type: ignore[import-not-found]
-elif os.environ.get("RMQ_NATIVE", "") == "asan-portable":
+elif _BUILD == "asan-portable":
     from _rmq_native_asan_portable import ffi, lib  # type: ignore[import-not-found]
 else:
     try:
