@@ -22,6 +22,11 @@ nothing from it, then read from the next batch on.
 Which queues a batch reads is decided in ``latestOffset`` and recorded, before Spark records the
 batch, in ``<state>/<group>.plans.jsonl`` keyed by the batch's (start, end) offsets, so that a batch
 re-planned after a crash reads exactly the same queues.
+
+A restarted process (a new client id) re-runs the batch Spark logged but did not commit without a
+``latestOffset`` first: :meth:`GroupSession.resume_batch` then takes the batch's queues through the
+same lock rules as a running query, waiting at most for the rest of a dead holder's lease, and never
+overriding a live holder (that queue is the live member's now: it reads it from the group's progress).
 """
 from __future__ import annotations
 
@@ -30,11 +35,13 @@ import json
 import logging
 import os
 import threading
+import time
 
 from .allocation import MessageQueue
 from .errors import RmqLockError
 from .group_membership import GroupMembership
-from .locks import ClientLockView, LockRenewer, QueueLockManager, parse_queue_key, queue_key
+from .locks import (ClientLockView, LockEntry, LockRenewer, QueueLockManager, parse_queue_key,
+                    queue_key)
 from .offset_store import GroupOffsetStore, ReadOffsetType
 from .statefile import append_jsonl, file_lock, group_state_path
 
@@ -42,6 +49,7 @@ log = logging.getLogger(__name__)
 
 _PLANS_KEEP = 500
 _PLANS_COMPACT_BYTES = 4 << 20  # the plans file is compacted beyond this size
+_WAIT_POLL_S = 0.25             # how often a waiting query looks at the lock table again
 
 
 def plan_key(start: dict, end: dict) -> str:
@@ -90,6 +98,8 @@ class GroupSession:
         self.plans_path = group_state_path(self.state_dir, self.group, "plans.jsonl")
         self._held: set[MessageQueue] = set()   # queues read in the last planned batch
         self._fresh_process = True              # nothing planned yet by this process
+        self._batch_key: str | None = None      # plan_key of the batch this process planned last
+        self.allocated: set[MessageQueue] = set()  # queues the strategy gave this query last time
         self._mutex = threading.Lock()
         self._renewer: LockRenewer | None = None
         self._stopped = False
@@ -170,7 +180,76 @@ class GroupSession:
         with self._mutex:
             self._held = read
             self._fresh_process = False
+        self.allocated = mine
         return read, moved
+
+    def resume_batch(self, start: dict, end: dict, planned: set[MessageQueue], first: bool
+                     ) -> set[MessageQueue]:
+        """The queues this process reads in batch (start, end), whose plan is ``planned``.
+
+        A batch this process planned itself is read as planned: its locks were taken then. Any
+        other batch is a re-run Spark asks for after a restart (or of a query restarted in the same
+        process): with ``orderly`` the queues are locked first (:meth:`_lock_for_rerun`); a queue a
+        live member holds is left out, since that member reads it from the group's progress. The
+        queues read are recorded as this client's plan of the batch, so the next planning commits
+        exactly them and a second crash re-runs the same read set.
+        """
+        if self._stopped:
+            self.start()
+        if self._batch_key == plan_key(start, end):
+            return planned
+        read = self._lock_for_rerun(planned) if self.orderly else set(planned)
+        with self._mutex:
+            self._held = set(read)
+            self._fresh_process = False
+        self.record_plan(start, end, read, first=first)
+        return read
+
+    def _lock_for_rerun(self, planned: set[MessageQueue]) -> set[MessageQueue]:
+        """Lock ``planned`` for a re-run: free, own and expired entries are taken at once; for an
+        entry another client holds, wait until its lease runs out (then take it over) unless the
+        holder renews it meanwhile, which proves it alive: that queue is left out."""
+        granted = set(self.view.lock_all(sorted(planned)))
+        with self._mutex:
+            self._held = set(granted)     # renewed by the renewer while the rest is waited for
+        # the entry seen first: None when the holder unlocked meanwhile (the next round takes it)
+        waiting: dict[MessageQueue, LockEntry | None] = {
+            mq: self.locks.entry(mq) for mq in sorted(planned - granted)}
+        seen = [e for e in waiting.values() if e is not None]
+        if seen:
+            holders = sorted({e.client_id for e in seen})
+            now = self.locks.now_ms()
+            wait_ms = max(e.last_update_ms + e.lease_ms - now for e in seen)
+            log.warning("consumer group %r: re-running a logged batch needs %d queue(s) locked by %s; "
+                        "waiting up to %d ms for their lease to run out (a live holder keeps them): %s",
+                        self.group, len(waiting), ", ".join(holders), max(0, wait_ms),
+                        ", ".join(queue_key(mq) for mq in waiting))
+        while waiting:
+            time.sleep(_WAIT_POLL_S)
+            taken = set(self.view.lock_all(sorted(waiting)))
+            granted |= taken
+            with self._mutex:
+                self._held = set(granted)
+            for mq in list(waiting):
+                if mq in taken:
+                    del waiting[mq]
+                    continue
+                e = self.locks.entry(mq)
+                if e != waiting[mq] and e is not None:
+                    log.warning("consumer group %r: queue %s is held by the live member %r; the re-run "
+                                "batch leaves it to that member, which reads it from the group's "
+                                "progress", self.group, queue_key(mq), e.client_id)
+                    del waiting[mq]
+        # one more round renews every lock now, so tasks may trust them for the full client lease
+        return set(self.view.lock_all(sorted(granted))) if granted else set()
+
+    def silent_members(self, since_ms: int) -> list[str]:
+        """Live members other than this one that have not heartbeated since ``since_ms``: those that
+        may have died (a killed query stays in the group until its heartbeat times out)."""
+        now = self.membership.now_ms()
+        timeout = self.membership.heartbeat_timeout_ms
+        return sorted(cid for cid, t in self.membership.members().items()
+                      if cid != self.client_id and now - t <= timeout and t < since_ms)
 
     def record_plan(self, start: dict, end: dict, read: set[MessageQueue], first: bool = False
                     ) -> None:
@@ -180,10 +259,12 @@ class GroupSession:
         that batch after a restart from a freshly computed ``initialOffset`` (see
         :meth:`first_batch_plan`).
         """
-        rec = {"key": plan_key(start, end), "end": plan_key(end, end), "client": self.client_id,
+        key = plan_key(start, end)
+        rec = {"key": key, "end": plan_key(end, end), "client": self.client_id,
                "read": sorted(queue_key(mq) for mq in read)}
         if first:
             rec["start"] = start
+        self._batch_key = key
         with file_lock(self.plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
             append_jsonl(self.plans_path, [rec])
             if os.path.getsize(self.plans_path) > _PLANS_COMPACT_BYTES:
@@ -219,13 +300,32 @@ class GroupSession:
     def _queues_of(rec: dict) -> set[MessageQueue]:
         return {MessageQueue(*parse_queue_key(k)) for k in rec["read"]}
 
-    def planned_reads(self, start: dict, end: dict) -> set[MessageQueue] | None:
-        """The queues recorded for batch (start, end), or None when no plan was recorded."""
+    def find_plan(self, start: dict, end: dict) -> tuple[dict, set[MessageQueue], bool] | None:
+        """The plan of batch (start, end): (the start it was planned from, the queues it reads,
+        whether it is a query's first batch); None when no plan was recorded.
+
+        This client's own record wins. A restarted query (a new client id) finds the batch among
+        the group's records: by (start, end), several members' plans for the same offsets are
+        joined (reading a queue twice is at least once; leaving one out would lose it), and a first
+        batch, whose start Spark recomputes after a restart, is found by its end
+        (:meth:`first_batch_plan`).
+        """
         key = plan_key(start, end)
+        found: set[MessageQueue] | None = None
+        first = False
         for rec in self._plans():
-            if rec.get("key") == key:
-                return self._queues_of(rec)
-        return None
+            if rec.get("key") != key:
+                continue
+            if rec.get("client") == self.client_id:
+                return start, self._queues_of(rec), "start" in rec
+            found = (found or set()) | self._queues_of(rec)
+            first = first or "start" in rec
+        if found is not None:
+            return start, found, first
+        recorded = self.first_batch_plan(end)
+        if recorded is None:
+            return None
+        return recorded[0], recorded[1], True
 
     def first_batch_plan(self, end: dict) -> tuple[dict, set[MessageQueue]] | None:
         """The (start offsets, queues read) recorded for a query's first batch ending at ``end``.

@@ -136,9 +136,11 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                         "With consumerGroup: where the group's committed offsets live "
                         "(<offsetStorePath>/<brokerName>/consumerOffset.json). Never inside a "
                         "broker's config/ folder; the broker's own consumerOffset.json is only read."),
-    "lockLeaseMs": ("60000", "orderly=true: broker-side queue lock lease (ms)."),
+    "lockLeaseMs": ("60000", "orderly=true: broker-side queue lock lease (ms); with consumerGroup "
+                    "also how long a silent member (a killed query) stays in the group."),
     "clientLockLeaseMs": ("30000", "orderly=true: client-side lock lease (ms); < lockLeaseMs."),
-    "lockRenewIntervalMs": ("20000", "orderly=true: lock renewal interval (ms); < clientLockLeaseMs."),
+    "lockRenewIntervalMs": ("20000", "orderly=true or consumerGroup: lock renewal and member "
+                            "heartbeat interval (ms); < clientLockLeaseMs."),
     "clientId": ("generated: rmq_source-<host>-<pid>-<random>",
                  "Consumer id of this query (lock owner, slot ids); text before the first @ is "
                  "its machine room. Characters [A-Za-z0-9_.:@#%|-]."),
@@ -733,11 +735,12 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     if offset_store_path is not None:
         check_offset_store_path(offset_store_path, brokers, brokers)
 
-    # Locks (ordered mode)
+    # Locks (ordered mode) and, in a group, the members' heartbeat timeout and interval
     lock_values = {}
     for name, default in zip(_LOCK_OPTIONS, (60000, 30000, 20000)):
-        if name in opts and not orderly:
-            raise RmqOptionError(f"option {name}={opts[name]!r} only applies with orderly=true")
+        if name in opts and not orderly and group is None:
+            raise RmqOptionError(f"option {name}={opts[name]!r} only applies with orderly=true or "
+                                 "consumerGroup")
         lock_values[name] = _int(name, opts[name], minimum=1) if name in opts else default
     if not (lock_values["lockRenewIntervalMs"] < lock_values["clientLockLeaseMs"]
             < lock_values["lockLeaseMs"]):

@@ -16,6 +16,7 @@ whose lock it holds.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from pyspark.sql.datasource import DataSourceStreamReader
@@ -33,6 +34,8 @@ from .planner import QueueRange, plan_tasks, share_limit, unallocated
 from .positions import check_data_loss, starting_offsets
 from .query import discover_queues, open_group_store, strategy_of
 
+
+log = logging.getLogger(__name__)
 
 # Inside one query of a group, the query's queues are spread over its slots evenly; the user's
 # allocateStrategy already chose which queues the query (the group member) reads.
@@ -57,6 +60,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._fresh = False  # set by initialOffset: the next batch is the new query's first
         self._initial: dict | None = None
         self._session: GroupSession | None = None
+        self._wait_reason: str | None = None   # last reason a group AvailableNow run waited for
 
     @property
     def session(self) -> GroupSession | None:
@@ -109,20 +113,21 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._commit_previous(start_map)
         starts = self._starts_with_new_queues(start, self._queues(start_map))
         mqs = sorted(starts)
-        latest = self._latest(mqs)
-        if self.session is not None:
-            read, moved = self.session.choose(mqs, starts, fresh=self._fresh)
-        else:
-            read = set(mqs) - unallocated(mqs, self.strategy, "", self.opts.num_partitions,
-                                          self.opts.client_id)
-            moved = {}
-        self._fresh = False
-        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
-        if not isinstance(limit, ReadAllAvailable):
-            backlog = self._admit(backlog, starts)
-        end = {mq: moved.get(mq, starts[mq] + backlog.get(mq, 0)) for mq in mqs}
-        if any(backlog.values()):
-            self._last_batch_at = time.monotonic()
+        fresh, self._fresh = self._fresh, False
+        waited_since: int | None = None
+        while True:
+            latest = self._latest(mqs)
+            read, end = self._plan(mqs, starts, latest, limit, fresh)
+            if self.session is None or self._target is None or end != starts:
+                break
+            # Trigger.AvailableNow and nothing to read now: done, unless the target is not reached
+            # in queues the group has not read and a member that may have died still has them.
+            if waited_since is None:
+                waited_since = self.session.membership.now_ms()
+            reason = self._available_now_wait_reason(mqs, end, waited_since)
+            if reason is None:
+                break
+            self._wait_for_group(reason, waited_since)
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial)
@@ -132,6 +137,59 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # the queues back to the group now. A later call would simply rejoin.
                 self.session.stop()
         return end_json
+
+    def _plan(self, mqs, starts, latest, limit, fresh: bool
+              ) -> tuple[set[MessageQueue], dict[MessageQueue, int]]:
+        """(queues this batch reads, end offset of every queue) after allocation and the limits."""
+        if self.session is not None:
+            read, moved = self.session.choose(mqs, starts, fresh=fresh)
+        else:
+            read = set(mqs) - unallocated(mqs, self.strategy, "", self.opts.num_partitions,
+                                          self.opts.client_id)
+            moved = {}
+        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
+        if not isinstance(limit, ReadAllAvailable):
+            backlog = self._admit(backlog, starts)
+        if any(backlog.values()):
+            self._last_batch_at = time.monotonic()
+        return read, {mq: moved.get(mq, starts[mq] + backlog.get(mq, 0)) for mq in mqs}
+
+    def _available_now_wait_reason(self, mqs, end, since_ms: int) -> str | None:
+        """Why a group's ``Trigger.AvailableNow`` run that has nothing to read now must not end
+        yet, or None. Queues below the target that are neither read by this query nor past the
+        target in the group's progress are left to the other members only once each of them has
+        heartbeated since the wait began (a killed query stays a member until its heartbeat times
+        out, and holds its locks until their lease runs out); queues allocated to this query are
+        waited for until their locks are granted."""
+        pending = [mq for mq in mqs if end[mq] < self._target.get(mq, 0)]
+        if not pending:
+            return None
+        ours = [mq for mq in pending if mq in self.session.allocated]
+        if ours:
+            return (f"{len(ours)} queue(s) allocated to this query are locked by another member "
+                    f"(e.g. {ours[0]})")
+        silent = self.session.silent_members(since_ms)
+        if silent:
+            return (f"{len(pending)} queue(s) below the AvailableNow target (e.g. {pending[0]}) are "
+                    f"allocated to members that have not heartbeated since: {', '.join(silent)}")
+        log.info("consumer group %r: %d queue(s) below the AvailableNow target are left to the "
+                 "group's live members", self.opts.consumer_group, len(pending))
+        return None
+
+    def _wait_for_group(self, reason: str, since_ms: int) -> None:
+        """Sleep one poll interval, or fail once the wait is longer than any lease could explain."""
+        waited = self.session.membership.now_ms() - since_ms
+        bound = 3 * self.opts.lock_lease_ms
+        if waited > bound:
+            raise RmqLockError(
+                f"consumer group {self.opts.consumer_group!r}: Trigger.AvailableNow waited {waited} ms "
+                f"(more than 3 x lockLeaseMs = {bound} ms) and {reason}; the group's state in "
+                f"{self.opts.offset_store_path} may hold entries of a client that no longer exists")
+        if reason != self._wait_reason:   # said once per reason, not every poll
+            self._wait_reason = reason
+            log.warning("consumer group %r: Trigger.AvailableNow waits (%d ms so far): %s",
+                        self.opts.consumer_group, waited, reason)
+        time.sleep(0.25)
 
     def _commit_previous(self, start_map: dict[MessageQueue, int]) -> None:
         """The batch ending at ``start`` is committed: record the group's progress for its queues."""
@@ -208,18 +266,17 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = from_json_dict(end, what="end offset")
         starts = from_json_dict(start, what="start offset")
         if self.session is not None:
-            planned = self.session.planned_reads(start, end)
-            if planned is None:
-                # A restarted query re-running its first batch: Spark asks initialOffset again, and
-                # the group may have moved since; the recorded plan holds the start it was planned from.
-                first = self.session.first_batch_plan(end)
-                if first is None:
-                    raise RmqLockError(
-                        f"consumer group {self.opts.consumer_group!r}: no plan recorded for the batch "
-                        f"{start} -> {end} in {self.session.plans_path}; the group's state folder was "
-                        "removed or is not shared by this query")
-                start, planned = first
-                starts = from_json_dict(start, what="recorded start offset")
+            plan = self.session.find_plan(start, end)
+            if plan is None:
+                raise RmqLockError(
+                    f"consumer group {self.opts.consumer_group!r}: no plan recorded for the batch "
+                    f"{start} -> {end} in {self.session.plans_path}; the group's state folder was "
+                    "removed or is not shared by this query")
+            # A first batch re-run after a restart reads from the start it was planned from (Spark
+            # recomputes initialOffset, and the group may have moved since).
+            start, planned, first = plan
+            starts = from_json_dict(start, what="recorded start offset")
+            planned = self.session.resume_batch(start, end, planned, first)
             ends = {mq: o for mq, o in ends.items() if mq in planned}
         infos = self.catalog.infos(list(ends))
         ranges = []

@@ -155,10 +155,10 @@ def test_compacting_the_plans_keeps_what_a_stopped_query_needs(store, monkeypatc
         with open(down.session.plans_path) as f:
             assert len(f.readlines()) < 30  # compacted
         assert down.session.first_batch_plan(offsets[1]) == (offsets[0], {mq})
-        assert down.session.planned_reads(offsets[1], offsets[2]) == {mq}
-        assert down.session.planned_reads(offsets[2], offsets[3]) == {mq}
-        assert busy.session.planned_reads(offsets[10], offsets[11]) is None  # dropped
-        assert busy.session.planned_reads(offsets[58], offsets[59]) == set()
+        assert down.session.find_plan(offsets[1], offsets[2]) == (offsets[1], {mq}, False)
+        assert down.session.find_plan(offsets[2], offsets[3]) == (offsets[2], {mq}, False)
+        assert busy.session.find_plan(offsets[10], offsets[11]) is None  # dropped
+        assert busy.session.find_plan(offsets[58], offsets[59]) == (offsets[58], set(), False)
     finally:
         down.stop()
         busy.stop()

@@ -22,3 +22,37 @@ def union_of_sinks(spark, folder: Path, names) -> tuple[Counter, dict[str, Count
         per_query[name] = Counter((r.queueId, r.queueOffset) for r in rows)
         keys.update(per_query[name])
     return keys, per_query
+
+
+def committed_files(sink: Path) -> list[str]:
+    """Paths of the parquet files of the batches committed in ``sink``'s ``_spark_metadata`` log
+    (the latest ``N.compact`` file plus the batch files after it), without a Spark session."""
+    import json
+    log = sink / "_spark_metadata"
+    if not log.is_dir():
+        return []
+    batches = {}
+    for p in log.iterdir():
+        stem = p.name.removesuffix(".compact")
+        if stem.isdigit():
+            batches[int(stem)] = p
+    compacts = [n for n, p in batches.items() if p.name.endswith(".compact")]
+    first = max(compacts, default=-1)
+    files: dict[str, bool] = {}
+    for n in sorted(b for b in batches if b >= first):
+        lines = batches[n].read_text(encoding="utf-8").splitlines()
+        for line in lines[1:]:      # the first line is the log's version, "v1"
+            entry = json.loads(line)
+            files[entry["path"]] = entry.get("action", "add") == "add"
+    return [path.removeprefix("file://").removeprefix("file:") for path, added in files.items()
+            if added]
+
+
+def committed_keys(sink: Path) -> Counter:
+    """How often each message ``(queueId, queueOffset)`` is in the committed batches of ``sink``."""
+    import pyarrow.parquet as pq
+    keys: Counter = Counter()
+    for path in committed_files(sink):
+        t = pq.read_table(path, columns=["queueId", "queueOffset"])
+        keys.update(zip(t.column("queueId").to_pylist(), t.column("queueOffset").to_pylist()))
+    return keys

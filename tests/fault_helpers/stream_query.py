@@ -2,13 +2,14 @@
 
 ``python stream_query.py --store S --sink DIR --checkpoint DIR [--trigger 500|availableNow]
 [--max-per-trigger N] [--sleep-per-task SECONDS] [--timeout SECONDS] [--master local[N]]
-[--option NAME=VALUE ...]``
+[--option NAME=VALUE ...] [--crash STEP:N]``
 
 The query reads every queue of ``--topic`` from the earliest offset (a restarted query resumes
 from its checkpoint); ``--option`` adds source options (e.g. ``consumerGroup=G``, and then
 ``startingOffsets=group`` to start from the group's progress instead). ``--sleep-per-task`` passes each task's rows through ``mapInArrow`` with a
 pause first, so a micro-batch stays in flight long enough for a test to kill the process in the
-middle of it (the rows themselves are passed on unchanged). A processing-time query runs until the
+middle of it (the rows themselves are passed on unchanged). ``--crash`` runs the source of
+``crash_source.py``, which SIGKILLs the whole query at that step of a batch's life. A processing-time query runs until the
 process is killed; an availableNow query exits 0 when it finished, 1 when it failed.
 Prints one line per event to stdout ("started", "progress <batchId> <numInputRows>", "done").
 """
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--crash", default=None, metavar="STEP:N", help="see crash_source.py")
     args = ap.parse_args(argv)
     options = {"storePath": args.store, "topic": args.topic, "startingOffsets": "earliest"}
     for item in args.option:
@@ -41,9 +43,15 @@ def main(argv: list[str] | None = None) -> int:
         options[name] = value
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if args.crash:   # before Spark starts, so that its JVM and workers inherit them
+        os.environ["RMQ_CRASH_AT"] = args.crash
+        os.environ["RMQ_CRASH_PGID"] = str(os.getpgrp())
     from pyspark.sql import SparkSession
 
-    from rmq_source import RocketMQDataSource
+    if args.crash:
+        from fault_helpers.crash_source import CrashingDataSource as RocketMQDataSource
+    else:
+        from rmq_source import RocketMQDataSource
 
     spark = (SparkSession.builder.master(args.master).appName("rmq-fault-stream")
              .config("spark.ui.enabled", "false")

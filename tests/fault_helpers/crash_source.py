@@ -1,0 +1,87 @@
+"""The rmq data source with a SIGKILL at a chosen step of a micro-batch's life, for crash tests.
+
+``RMQ_CRASH_AT`` names the step, ``RMQ_CRASH_PGID`` the process group of the query's driver script
+(the JVM and the Python workers it starts are in it, or in a group of their own):
+
+* ``plan:N`` — the N-th ``latestOffset`` of this process returned (the plan is recorded and the
+  locks taken) but Spark has not yet logged the batch;
+* ``next:N`` — the N-th ``latestOffset`` of this process was entered: the batch before it is
+  committed in the checkpoint, its group progress not yet recorded;
+* ``logged:N`` — the N-th ``partitions`` call: Spark logged the batch, no task ran yet;
+* ``reading:OFFSET`` — a task read its first rows of a range starting at ``OFFSET`` or later.
+
+The kill takes every process of the query at once, as ``kill -9`` of a driver host would.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+from rmq_source import RocketMQDataSource
+from rmq_source.stream_reader import RmqStreamReader
+
+
+def _spec() -> tuple[str, int]:
+    step, _, n = os.environ["RMQ_CRASH_AT"].partition(":")
+    if step not in ("plan", "next", "logged", "reading") or not n.isdigit():
+        raise SystemExit(f"RMQ_CRASH_AT={os.environ['RMQ_CRASH_AT']!r}: expected plan|next|logged|"
+                         "reading:N")
+    return step, int(n)
+
+
+def _die() -> None:
+    for pgid in (int(os.environ["RMQ_CRASH_PGID"]), os.getpgrp()):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CrashingStreamReader(RmqStreamReader):
+    """:class:`RmqStreamReader` that dies at the step ``RMQ_CRASH_AT`` names."""
+
+    def __init__(self, opts):
+        super().__init__(opts)
+        self._calls = {"plan": 0, "next": 0, "logged": 0}
+
+    def _count(self, step: str) -> bool:
+        self._calls[step] += 1
+        want, n = _spec()
+        return want == step and self._calls[step] == n
+
+    def latestOffset(self, start, limit):
+        if self._count("next"):
+            _die()
+        end = super().latestOffset(start, limit)
+        if self._count("plan"):
+            _die()
+        return end
+
+    def partitions(self, start, end):
+        if self._count("logged"):
+            _die()
+        return super().partitions(start, end)
+
+    def read(self, partition):
+        step, offset = _spec()
+        ranges = getattr(partition, "ranges", ())
+        doomed = step == "reading" and any(r.start >= offset and r.end > r.start for r in ranges)
+        for n, batch in enumerate(super().read(partition)):
+            if doomed and n == 1:
+                _die()
+            yield batch
+        if doomed:
+            _die()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._calls = {"plan": 0, "next": 0, "logged": 0}
+
+
+class CrashingDataSource(RocketMQDataSource):
+    """Registered under the name ``rmq`` in place of the real source by the crash run."""
+
+    def streamReader(self, schema):
+        real = super().streamReader(schema)
+        return CrashingStreamReader(real.opts)

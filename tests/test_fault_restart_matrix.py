@@ -1,0 +1,126 @@
+"""kill -9 a streaming query at each step of a micro-batch's life and start it again: the restart
+must finish by itself, and the sinks must end up with every message (exactly once for a query
+alone).
+
+The crash run uses ``fault_helpers/crash_source.py``, which SIGKILLs the query's whole process
+tree at a precise step (see there): before the first batch is logged, after a batch is logged and
+before its tasks run (the first batch and a later one), while tasks are reading, and after a commit
+before the next batch is planned. Each restart has a new generated client id, as a restarted process
+has, so the dead run's queue locks and group membership must run out by themselves (short leases
+keep this fast). Cases: ordered and unordered, with and without ``consumerGroup``, one query alone
+and one of two queries of a group (the other keeps running while its partner dies and returns).
+"""
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fault_helpers import procs
+from fault_helpers.sinks import committed_keys
+from store_builder import build_store
+
+TOPIC, QUEUES, MESSAGES = "CrashTopic", 4, 240
+EVERY = Counter({(q, o): 1 for q in range(QUEUES) for o in range(MESSAGES // QUEUES)})
+# a lease longer than a Spark start, so a restart finds the dead run's locks still live and waits
+LEASES = ["lockLeaseMs=10000", "clientLockLeaseMs=6000", "lockRenewIntervalMs=2000"]
+TIMEOUT = 240
+
+# (case id, consumerGroup options or None, queries in the group, crash step)
+CASES = [
+    ("alone-no-group-plan1", None, 1, "plan:1"),
+    ("alone-no-group-logged1", None, 1, "logged:1"),
+    ("alone-no-group-logged3", None, 1, "logged:3"),
+    ("alone-no-group-reading", None, 1, "reading:20"),
+    ("alone-no-group-next3", None, 1, "next:3"),
+    ("alone-ordered-plan1", "orderly=true", 1, "plan:1"),
+    ("alone-ordered-logged1", "orderly=true", 1, "logged:1"),
+    ("alone-ordered-logged3", "orderly=true", 1, "logged:3"),
+    ("alone-ordered-reading", "orderly=true", 1, "reading:20"),
+    ("alone-ordered-next3", "orderly=true", 1, "next:3"),
+    ("alone-unordered-logged1", "orderly=false", 1, "logged:1"),
+    ("alone-unordered-logged3", "orderly=false", 1, "logged:3"),
+    ("alone-unordered-next3", "orderly=false", 1, "next:3"),
+    ("pair-ordered-logged2", "orderly=true", 2, "logged:2"),
+    ("pair-ordered-reading", "orderly=true", 2, "reading:20"),
+    ("pair-unordered-logged1", "orderly=false", 2, "logged:1"),
+]
+
+
+def _ids(folder: Path) -> set[int]:
+    return {int(p.name) for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else set()
+
+
+def _query(tmp_path: Path, name: str, log: str, group: str | None, *extra: str):
+    options = ["--option", "batchRows=5"]
+    if group is not None:
+        for opt in ["consumerGroup=CrashGroup", group, *LEASES]:
+            options += ["--option", opt]
+    return procs.start("stream_query.py",
+                       ["--store", str(tmp_path / "store"), "--topic", TOPIC,
+                        "--sink", str(tmp_path / f"sink-{name}"),
+                        "--checkpoint", str(tmp_path / f"chk-{name}"),
+                        "--max-per-trigger", "60", *options, *extra], tmp_path, log)
+
+
+def _wait_exit(proc, tmp_path: Path, log: str) -> int:
+    try:
+        return proc.wait(timeout=TIMEOUT)
+    except Exception:
+        procs.kill_group(proc)
+        raise AssertionError(f"{log} did not end within {TIMEOUT} s\n{procs.tail(tmp_path, log)}")
+
+
+def _check_crash_point(step: str, chk: Path) -> None:
+    """The checkpoint shows the step the query died at (so the case tests what it says)."""
+    offsets, commits = _ids(chk / "offsets"), _ids(chk / "commits")
+    kind = step.split(":")[0]
+    if kind == "plan":
+        assert offsets == commits, (step, offsets, commits)
+    elif kind in ("logged", "reading"):
+        assert offsets and max(offsets) not in commits, (step, offsets, commits)
+    else:
+        assert offsets and offsets == commits, (step, offsets, commits)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("case, group, members, step", CASES, ids=[c[0] for c in CASES])
+def test_restart_after_kill_9(tmp_path, case, group, members, step):
+    build_store(tmp_path / "store", topics=((TOPIC, QUEUES, MESSAGES),))
+    other = None
+    if members == 2:
+        # the partner reads slowly, so there is still work to share when the victim joins
+        other = _query(tmp_path, "other", "other", group, "--trigger", "300",
+                       "--sleep-per-task", "0.7")
+        procs.wait_for(lambda: _ids(tmp_path / "chk-other" / "commits"), TIMEOUT,
+                       "the partner committed a batch", other)
+    try:
+        victim = _query(tmp_path, "victim", "crash-run", group, "--trigger", "200",
+                        "--crash", step)
+        rc = _wait_exit(victim, tmp_path, "crash-run")
+        assert rc == -signal.SIGKILL, f"the crash run ended with {rc}\n" + procs.tail(tmp_path, "crash-run")
+        _check_crash_point(step, tmp_path / "chk-victim")
+
+        restarted = _query(tmp_path, "victim", "restart", group, "--trigger", "availableNow",
+                           "--timeout", str(TIMEOUT))
+        rc = _wait_exit(restarted, tmp_path, "restart")
+        assert rc == 0, f"the restart ended with {rc}\n" + procs.tail(tmp_path, "restart")
+
+        if other is None:
+            got = committed_keys(tmp_path / "sink-victim")
+            assert got == EVERY, (f"missing {sorted(EVERY - got)[:5]}, duplicated "
+                                  f"{sorted(k for k, n in got.items() if n > 1)[:5]}")
+            return
+
+        def union() -> Counter:
+            return committed_keys(tmp_path / "sink-victim") + committed_keys(tmp_path / "sink-other")
+
+        procs.wait_for(lambda: set(union()) >= set(EVERY), TIMEOUT,
+                       "every message in the union of the sinks", other, interval=0.5)
+        assert set(union()) == set(EVERY)
+    finally:
+        if other is not None:
+            procs.kill_group(other)
