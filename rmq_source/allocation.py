@@ -536,6 +536,23 @@ class UserStrategy(AllocationStrategy):
         return result
 
 
+class AskedOnce(AllocationStrategy):
+    """``inner`` asked at most once for each distinct set of arguments. A streaming reader wraps a
+    user's strategy in a new one per batch, so planning a batch and building its tasks see the
+    same allocation even when the user's answers change from call to call."""
+
+    def __init__(self, inner: AllocationStrategy):
+        self.inner = inner
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self._answers: dict[tuple, list[MessageQueue]] = {}
+
+    def allocate(self, consumer_group, current_cid, mq_all, cid_all):
+        key = (consumer_group, current_cid, tuple(mq_all), tuple(cid_all))
+        if key not in self._answers:
+            self._answers[key] = list(self.inner.allocate(consumer_group, current_cid, mq_all, cid_all))
+        return list(self._answers[key])
+
+
 _BUILTINS = (AllocateMessageQueueAveragely, AllocateMessageQueueAveragelyByCircle,
              AllocateMessageQueueByConfig, AllocateMessageQueueByMachineRoom,
              AllocateMachineRoomNearby, AllocateMessageQueueConsistentHash)

@@ -6,9 +6,13 @@ whose last heartbeat is at most ``heartbeat_timeout_ms`` old, sorted as Java sor
 every 30 s and the broker drops a client silent for 120 s.
 
 File: ``<state_dir>/<group>.members.json`` = ``{"version": 1, "group": g, "clients": {clientId:
-{"lastHeartbeatMs": ms, "host": hostname, "pid": pid}}}``, updated by read-modify-write under an
+{"lastHeartbeatMs": ms, "host": hostname, "pid": pid, "options": {name: value}}}}``, updated by read-modify-write under an
 exclusive flock and replaced atomically (:mod:`rmq_source.statefile`; same multi-process / multi-host
 caveats as :mod:`rmq_source.locks`). Clients no longer live are dropped from the file on each write.
+
+``options`` are the member's options that must agree across the group (RocketMQ requires one
+allocation strategy and one subscription per group): a client whose options differ from a live
+member's is refused when it joins, with an error naming the option and both values.
 """
 from __future__ import annotations
 
@@ -46,7 +50,14 @@ def _client_problem(cid: str, c: Any) -> str | None:
     t = c.get("lastHeartbeatMs") if isinstance(c, dict) else None
     if not cid or isinstance(t, bool) or not isinstance(t, int):
         return f"client {cid!r} must have an integer lastHeartbeatMs, got {c!r}"
+    opts = c.get("options", {})
+    if not isinstance(opts, dict) or not all(isinstance(v, str) for v in opts.values()):
+        return f"client {cid!r}: options must be an object of strings, got {opts!r}"
     return None
+
+
+def _shown(name: str, value: str | None) -> str:
+    return f"{name} not given" if value is None else f"{name}={value!r}"
 
 
 def _validator(group: str) -> Callable[[Any, str], dict]:
@@ -63,8 +74,10 @@ class GroupMembership:
 
     def __init__(self, state_dir: str | os.PathLike, group: str, client_id: str, *,
                  heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
-                 clock: Callable[[], float] = time.time, lock_timeout_s: float | None = 30.0):
+                 clock: Callable[[], float] = time.time, lock_timeout_s: float | None = 30.0,
+                 options: dict[str, str] | None = None):
         self.group = check_group(group)
+        self.options = dict(options or {})
         if not isinstance(client_id, str) or not client_id or "\n" in client_id:
             raise RmqOptionError(f"client_id must be a non-empty single-line string, got {client_id!r}")
         self.client_id = client_id
@@ -91,15 +104,34 @@ class GroupMembership:
             del clients[cid]
 
     def heartbeat(self) -> list[str]:
-        """Register or refresh this client now; returns the live clients after the update."""
+        """Register or refresh this client now; returns the live clients after the update.
+
+        Joining (the client is not yet a member) raises :class:`RmqOptionError` when a live member
+        has different ``options``."""
         def mutate(state: dict) -> list[str]:
             now = self.now_ms()
             clients = state["clients"]
             self._prune(clients, now)
+            if self.client_id not in clients:
+                self._check_agreement(clients)
             clients[self.client_id] = {"lastHeartbeatMs": now, "host": socket.gethostname(),
-                                       "pid": os.getpid()}
+                                       "pid": os.getpid(), "options": self.options}
             return self._live(clients, now)
         return self._state.update(mutate)
+
+    def _check_agreement(self, clients: dict) -> None:
+        for cid in java_sorted(clients):
+            theirs = clients[cid].get("options")
+            if theirs is None:      # written by a version that did not record options
+                continue
+            for name in sorted(set(self.options) | set(theirs)):
+                ours, other = self.options.get(name), theirs.get(name)
+                if ours != other:
+                    raise RmqOptionError(
+                        f"consumer group {self.group!r}: option {_shown(name, ours)} differs from "
+                        f"{_shown(name, other)} of the live member {cid!r} ({self.path}); every "
+                        "query of a group must use one allocation strategy and one subscription: "
+                        "give the same value, or use another consumerGroup")
 
     def live_clients(self) -> list[str]:
         """Client ids whose last heartbeat is at most ``heartbeat_timeout_ms`` old, Java-sorted."""

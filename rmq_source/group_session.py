@@ -58,6 +58,25 @@ def plan_key(start: dict, end: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def member_options(opts) -> dict[str, str]:
+    """The options every query of a group must share (as given, so errors can quote them): the
+    allocation strategy (the per-member CONFIG queues and MACHINE_ROOM rooms may differ, as in
+    RocketMQ), the subscription (what is read and the tag expression) and ordered mode."""
+    out = {"allocateStrategy": opts.allocate_strategy, "orderly": str(opts.orderly).lower(),
+           "subExpression": opts.subscription.expression}
+    if opts.nearby_inner_strategy is not None:
+        out["nearbyInnerStrategy"] = opts.nearby_inner_strategy
+    if opts.virtual_node_count is not None:
+        out["virtualNodeCount"] = str(opts.virtual_node_count)
+    if opts.topics is not None:
+        out["topic"] = ",".join(opts.topics)
+    if opts.topic_pattern is not None:
+        out["topicPattern"] = opts.topic_pattern.pattern
+    if opts.assign is not None:
+        out["assign"] = json.dumps(opts.assign, sort_keys=True, separators=(",", ":"))
+    return out
+
+
 def _plans_to_keep(lines: list[str]) -> set[int]:
     """Indexes of the plan lines :meth:`GroupSession._compact` keeps (see there)."""
     keep = set(range(max(0, len(lines) - _PLANS_KEEP), len(lines)))
@@ -91,7 +110,8 @@ class GroupSession:
         self.state_dir = opts.offset_store_path
         self.orderly = opts.orderly
         self.membership = GroupMembership(self.state_dir, self.group, self.client_id,
-                                          heartbeat_timeout_ms=opts.lock_lease_ms)
+                                          heartbeat_timeout_ms=opts.lock_lease_ms,
+                                          options=member_options(opts))
         self.locks = QueueLockManager(self.state_dir, self.group, lease_ms=opts.lock_lease_ms)
         self.view = ClientLockView(self.locks, self.client_id,
                                    client_lease_ms=opts.client_lock_lease_ms)

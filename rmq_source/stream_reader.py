@@ -23,9 +23,9 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
-from .allocation import AllocateMessageQueueAveragely, MessageQueue
+from .allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
 from .catalog import StoreCatalog
-from .errors import RmqLockError
+from .errors import RmqAllocationError, RmqLockError
 from .group_session import GroupSession
 from .offset_store import ReadOffsetType
 from .offsets import from_json_dict, to_json_dict
@@ -53,6 +53,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.catalog = StoreCatalog(opts.brokers)
         self.strategy = strategy_of(opts)
+        self._batch_strategy = self.strategy   # the strategy as asked for the batch being planned
         self.group_store = open_group_store(opts, self.catalog)
         self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow end
         self._last_batch_at = time.monotonic()
@@ -110,10 +111,15 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         start_map = from_json_dict(start, what="start offset")
+        if isinstance(self.strategy, UserStrategy):   # asked once per batch (see AskedOnce)
+            self._batch_strategy = AskedOnce(self.strategy)
         self._commit_previous(start_map)
         starts = self._starts_with_new_queues(start, self._queues(start_map))
         mqs = sorted(starts)
-        fresh, self._fresh = self._fresh, False
+        # only the query's own first batch: a restarted process asks initialOffset too (to re-run
+        # the first batch) and then plans later batches, where the group's progress counts
+        fresh = self._fresh and start == self._initial
+        self._fresh = False
         waited_since: int | None = None
         while True:
             latest = self._latest(mqs)
@@ -144,7 +150,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.session is not None:
             read, moved = self.session.choose(mqs, starts, fresh=fresh)
         else:
-            read = set(mqs) - unallocated(mqs, self.strategy, "", self.opts.num_partitions,
+            read = set(mqs) - unallocated(mqs, self._batch_strategy, "", self.opts.num_partitions,
                                           self.opts.client_id)
             moved = {}
         backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
@@ -287,10 +293,16 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 first = min(infos[mq].min_offset, stop)
             ranges.append(QueueRange(mq, first, max(first, stop)))
         # The group's strategy allocated queues among queries; inside the query every slot may read.
-        strategy = self.strategy if self.session is None else _EVERY_SLOT
+        strategy = self._batch_strategy if self.session is None else _EVERY_SLOT
         tasks = plan_tasks(ranges, strategy, self.opts.consumer_group or "",
                            self.opts.num_partitions, self.opts.orderly, self.opts.min_partitions,
                            self.opts.client_id)
+        unread = {r.mq for r in ranges if r.size} - {r.mq for t in tasks for r in t.ranges}
+        if unread:   # the batch's offsets move past them: leaving them out would lose messages
+            raise RmqAllocationError(
+                f"allocateStrategy {getattr(strategy, 'name', strategy)} gives no task the queues "
+                f"{', '.join(map(str, sorted(unread)))}, which the batch {start} -> {end} reads; a "
+                "strategy must answer the same for the same arguments")
         lock = None
         if self.session is not None and self.opts.orderly:
             lock = LockSpec(self.session.state_dir, self.opts.consumer_group, self.opts.client_id,

@@ -56,3 +56,19 @@ class Resolver:
 
     def consumer_deploy_in(self, cid):
         return cid[-1]
+
+
+class Fickle:
+    """Answers differently in alternate rounds (a round starts when the first consumer of cid_all is
+    asked): all queues to the first consumer, then none to anyone."""
+
+    name = "FICKLE"
+
+    def __init__(self):
+        self.rounds = 0
+
+    def allocate(self, consumer_group, current_cid, mq_all, cid_all):
+        if current_cid == cid_all[0]:
+            self.rounds += 1
+            return list(mq_all) if self.rounds % 2 else []
+        return []

@@ -5,7 +5,8 @@ alone).
 The crash run uses ``fault_helpers/crash_source.py``, which SIGKILLs the query's whole process
 tree at a precise step (see there): before the first batch is logged, after a batch is logged and
 before its tasks run (the first batch and a later one), while tasks are reading, and after a commit
-before the next batch is planned. Each restart has a new generated client id, as a restarted process
+before the next batch is planned; and a task failure that fails the query (a re-run in a new
+process after it). Each restart has a new generated client id, as a restarted process
 has, so the dead run's queue locks and group membership must run out by themselves (short leases
 keep this fast). Cases: ordered and unordered, with and without ``consumerGroup``, one query alone
 and one of two queries of a group (the other keeps running while its partner dies and returns).
@@ -40,6 +41,7 @@ CASES = [
     ("alone-ordered-logged3", "orderly=true", 1, "logged:3"),
     ("alone-ordered-reading", "orderly=true", 1, "reading:20"),
     ("alone-ordered-next3", "orderly=true", 1, "next:3"),
+    ("alone-ordered-task-failure", "orderly=true", 1, "failing:20"),
     ("alone-unordered-logged1", "orderly=false", 1, "logged:1"),
     ("alone-unordered-logged3", "orderly=false", 1, "logged:3"),
     ("alone-unordered-next3", "orderly=false", 1, "next:3"),
@@ -79,7 +81,7 @@ def _check_crash_point(step: str, chk: Path) -> None:
     kind = step.split(":")[0]
     if kind == "plan":
         assert offsets == commits, (step, offsets, commits)
-    elif kind in ("logged", "reading"):
+    elif kind in ("logged", "reading", "failing"):
         assert offsets and max(offsets) not in commits, (step, offsets, commits)
     else:
         assert offsets and offsets == commits, (step, offsets, commits)
@@ -101,7 +103,8 @@ def test_restart_after_kill_9(tmp_path, case, group, members, step):
         victim = _query(tmp_path, "victim", "crash-run", group, "--trigger", "200",
                         "--crash", step)
         rc = _wait_exit(victim, tmp_path, "crash-run")
-        assert rc == -signal.SIGKILL, f"the crash run ended with {rc}\n" + procs.tail(tmp_path, "crash-run")
+        expected = 1 if step.startswith("failing") else -signal.SIGKILL   # failed query / killed
+        assert rc == expected, f"the crash run ended with {rc}\n" + procs.tail(tmp_path, "crash-run")
         _check_crash_point(step, tmp_path / "chk-victim")
 
         restarted = _query(tmp_path, "victim", "restart", group, "--trigger", "availableNow",

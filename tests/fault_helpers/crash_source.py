@@ -8,7 +8,9 @@
 * ``next:N`` — the N-th ``latestOffset`` of this process was entered: the batch before it is
   committed in the checkpoint, its group progress not yet recorded;
 * ``logged:N`` — the N-th ``partitions`` call: Spark logged the batch, no task ran yet;
-* ``reading:OFFSET`` — a task read its first rows of a range starting at ``OFFSET`` or later.
+* ``reading:OFFSET`` — a task read its first rows of a range starting at ``OFFSET`` or later;
+* ``failing:OFFSET`` — such a task raises instead: the query fails (no kill), and the process
+  ends with exit code 1.
 
 The kill takes every process of the query at once, as ``kill -9`` of a driver host would.
 """
@@ -23,9 +25,9 @@ from rmq_source.stream_reader import RmqStreamReader
 
 def _spec() -> tuple[str, int]:
     step, _, n = os.environ["RMQ_CRASH_AT"].partition(":")
-    if step not in ("plan", "next", "logged", "reading") or not n.isdigit():
+    if step not in ("plan", "next", "logged", "reading", "failing") or not n.isdigit():
         raise SystemExit(f"RMQ_CRASH_AT={os.environ['RMQ_CRASH_AT']!r}: expected plan|next|logged|"
-                         "reading:N")
+                         "reading|failing:N")
     return step, int(n)
 
 
@@ -66,11 +68,14 @@ class CrashingStreamReader(RmqStreamReader):
     def read(self, partition):
         step, offset = _spec()
         ranges = getattr(partition, "ranges", ())
-        doomed = step == "reading" and any(r.start >= offset and r.end > r.start for r in ranges)
+        doomed = step in ("reading", "failing") and any(r.start >= offset and r.end > r.start
+                                                         for r in ranges)
         for n, batch in enumerate(super().read(partition)):
             if doomed and n == 1:
-                _die()
+                break
             yield batch
+        if doomed and step == "failing":
+            raise RuntimeError(f"task failure injected by RMQ_CRASH_AT={step}:{offset}")
         if doomed:
             _die()
 

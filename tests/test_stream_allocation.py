@@ -1,0 +1,43 @@
+"""A user allocation strategy is asked once per streaming batch: the queues whose offsets a batch
+advances are the queues its tasks read, even when the strategy's answers change between calls."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from rmq_source.errors import RmqAllocationError
+from rmq_source.options import parse_options
+from rmq_source.stream_reader import RmqStreamReader
+from store_builder import build_store
+
+
+@pytest.fixture()
+def store(tmp_path):
+    root = tmp_path / "store"
+    build_store(root, topics=(("T", 3, 30),))
+    return root
+
+
+def _reader(store):
+    return RmqStreamReader(parse_options(
+        {"storePath": str(store), "topic": "T", "startingOffsets": "earliest",
+         "allocateStrategy": "alloc_user_strategy:Fickle"}, streaming=True))
+
+
+def test_planning_and_tasks_of_a_batch_share_one_answer(store):
+    r = _reader(store)
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())   # the strategy's first round: all queues
+    ranges = sorted((rg.queue_id, rg.start, rg.end) for p in r.partitions(start, end)
+                    for rg in p.ranges)
+    assert ranges == [(0, 0, 10), (1, 0, 10), (2, 0, 10)]
+
+
+def test_a_rerun_whose_strategy_now_answers_otherwise_fails_instead_of_losing_the_batch(store):
+    r = _reader(store)
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    restarted = _reader(store)                         # a new process: its first round ...
+    restarted.strategy.target.rounds = 1               # ... answers "none" this time
+    with pytest.raises(RmqAllocationError, match="FICKLE gives no task the queues"):
+        restarted.partitions(start, end)
