@@ -130,7 +130,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # in queues the group has not read and a member that may have died still has them.
             if waited_since is None:
                 waited_since = self.session.membership.now_ms()
-            reason = self._available_now_wait_reason(mqs, end, waited_since)
+            reason = self._available_now_wait_reason(mqs, read, end, waited_since)
             if reason is None:
                 break
             self._wait_for_group(reason, waited_since)
@@ -160,7 +160,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._last_batch_at = time.monotonic()
         return read, {mq: moved.get(mq, starts[mq] + backlog.get(mq, 0)) for mq in mqs}
 
-    def _available_now_wait_reason(self, mqs, end, since_ms: int) -> str | None:
+    def _available_now_wait_reason(self, mqs, read, end, since_ms: int) -> str | None:
         """Why a group's ``Trigger.AvailableNow`` run that has nothing to read now must not end
         yet, or None. Queues below the target that are neither read by this query nor past the
         target in the group's progress are left to the other members only once each of them has
@@ -170,7 +170,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pending = [mq for mq in mqs if end[mq] < self._target.get(mq, 0)]
         if not pending:
             return None
-        ours = [mq for mq in pending if mq in self.session.allocated]
+        ours = [mq for mq in pending if mq in self.session.allocated and mq not in read]
         if ours:
             return (f"{len(ours)} queue(s) allocated to this query are locked by another member "
                     f"(e.g. {ours[0]})")
@@ -214,7 +214,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Apply the option limits: min messages (bounded by maxTriggerDelay), max messages/bytes."""
         o = self.opts
         total = sum(backlog.values())
-        if o.min_messages_per_trigger and total < o.min_messages_per_trigger:
+        # Trigger.AvailableNow reads up to its target, however little is left
+        short = o.min_messages_per_trigger and total < o.min_messages_per_trigger
+        if short and self._target is None:
             waited_ms = (time.monotonic() - self._last_batch_at) * 1000
             if waited_ms < o.max_trigger_delay_ms:
                 return {}

@@ -162,3 +162,11 @@ def test_compacting_the_plans_keeps_what_a_stopped_query_needs(store, monkeypatc
     finally:
         down.stop()
         busy.stop()
+
+
+def test_available_now_reads_a_backlog_smaller_than_min_messages(store):
+    """minMessagesPerTrigger must not end a Trigger.AvailableNow run with the backlog unread."""
+    r = _reader(store, minMessagesPerTrigger="1000", maxTriggerDelay="1h")
+    start = r.initialOffset()
+    r.prepareForTriggerAvailableNow()
+    assert _total(start, r.latestOffset(start, r.getDefaultReadLimit())) == 90
