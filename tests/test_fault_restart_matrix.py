@@ -91,12 +91,17 @@ def _check_crash_point(step: str, chk: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case, group, members, step", CASES, ids=[c[0] for c in CASES])
 def test_restart_after_kill_9(tmp_path, case, group, members, step):
-    build_store(tmp_path / "store", topics=((TOPIC, QUEUES, MESSAGES),))
-    other = None
-    if members == 2:
-        # the partner reads slowly, so there is still work to share when the victim joins
-        other = _query(tmp_path, "other", "other", group, "--trigger", "300",
-                       "--sleep-per-task", "0.7")
+    other = writer = None
+    if members == 1:
+        build_store(tmp_path / "store", topics=((TOPIC, QUEUES, MESSAGES),))
+    else:
+        # two queries share a topic that keeps growing, so the victim has work whenever it plans
+        writer = procs.start("append_writer.py",
+                             ["--root", str(tmp_path / "store"), "--log", str(tmp_path / "appends.jsonl"),
+                              "--ready", str(tmp_path / "ready"), "--topic", TOPIC,
+                              "--queues", str(QUEUES), "--rate", "30"], tmp_path, "writer")
+        procs.wait_for(lambda: (tmp_path / "ready").exists(), TIMEOUT, "first append", writer)
+        other = _query(tmp_path, "other", "other", group, "--trigger", "300")
         procs.wait_for(lambda: _ids(tmp_path / "chk-other" / "commits"), TIMEOUT,
                        "the partner committed a batch", other)
     try:
@@ -118,12 +123,17 @@ def test_restart_after_kill_9(tmp_path, case, group, members, step):
                                   f"{sorted(k for k, n in got.items() if n > 1)[:5]}")
             return
 
-        def union() -> Counter:
-            return committed_keys(tmp_path / "sink-victim") + committed_keys(tmp_path / "sink-other")
+        assert procs.stop(writer) == 0, procs.tail(tmp_path, "writer")
+        every = {(m["q"], m["o"]) for m in procs.read_jsonl(tmp_path / "appends.jsonl") if "q" in m}
 
-        procs.wait_for(lambda: set(union()) >= set(EVERY), TIMEOUT,
+        def union() -> set:
+            return set(committed_keys(tmp_path / "sink-victim")) | set(
+                committed_keys(tmp_path / "sink-other"))
+
+        procs.wait_for(lambda: union() >= every, TIMEOUT,
                        "every message in the union of the sinks", other, interval=0.5)
-        assert set(union()) == set(EVERY)
+        assert union() == every
     finally:
-        if other is not None:
-            procs.kill_group(other)
+        for proc in (other, writer):
+            if proc is not None and proc.poll() is None:
+                procs.kill_group(proc)
