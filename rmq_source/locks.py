@@ -177,9 +177,9 @@ def _lock_problem(key: str, e: Any, now_ms: int, lease_ms: int) -> str | None:
         return (f"entry {key!r} must have clientId (string), lastUpdateTimestamp and leaseMs "
                 f"(integers), got {e!r}")
     if e["leaseMs"] <= 0:
-        return f"entry {key!r}: leaseMs {e['leaseMs']} must be positive"
+        return f"entry {key!r} of client {e['clientId']!r}: leaseMs {e['leaseMs']} must be positive"
     why = timestamp_problem("lastUpdateTimestamp", e["lastUpdateTimestamp"], now_ms, lease_ms)
-    return None if why is None else f"entry {key!r}: {why}"
+    return None if why is None else f"entry {key!r} of client {e['clientId']!r}: {why}"
 
 
 def _validator(group: str, now_ms: Callable[[], int], lease_ms: int) -> Callable[[Any, str], dict]:
