@@ -15,6 +15,7 @@ file our user can write. The rules here:
   unpredictable name (``.<name>.<random>.tmp``), fsynced, then renamed over the file inside the same
   open folder, and the folder is fsynced: a reader sees the old or the new content, a crash leaves
   one of the two (plus, at worst, an orphaned temporary file, which nothing reads).
+* The only file written in place, by appending (a log), must also have a single hard link.
 * Renaming never follows a symlink at the destination either, but a destination that is one is
   still refused: it means someone is tampering with the folder.
 
@@ -129,9 +130,18 @@ class Folder:
             os.close(fd)
 
     def append(self, name: str, data: bytes) -> None:
-        """Append ``data`` to ``name`` (created if missing) with ``O_APPEND`` writes; not fsynced."""
+        """Append ``data`` to ``name`` (created if missing) with ``O_APPEND`` writes; not fsynced.
+
+        A file with more than one hard link is refused too: the only file written in place, it
+        must not be another file under a second name."""
         fd = self.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
+            links = os.fstat(fd).st_nlink
+            if links > 1:
+                raise self.error_cls(
+                    f"{self.path_of(name)} has {links} hard links; refusing to append to it: below "
+                    f"the state folder {self.root} files are never shared with other names, since "
+                    "a planted link could make this process write into any file its user can write")
             _write_all(fd, data)
         finally:
             os.close(fd)

@@ -160,6 +160,21 @@ def test_a_planted_symlink_is_never_followed(tmp_path, before, planted, kind, op
     assert link.is_symlink() and os.readlink(link) == str(victim)
 
 
+@pytest.mark.parametrize("operation, name", [(_plan, f"{G}.plans.jsonl"),
+                                             (_locks, f"{G}.lock-history.jsonl")],
+                         ids=["plans", "lock history"])
+def test_a_log_hard_linked_to_another_file_is_not_appended_to(tmp_path, operation, name):
+    """Logs are the only files written in place: a second name of another file is refused too."""
+    state, victim = tmp_path / "state", tmp_path / "victim"
+    state.mkdir()
+    victim.write_bytes(b"precious\n")
+    os.link(victim, state / name)
+    with pytest.raises(RmqLockError, match="hard links") as info:
+        operation(state)
+    assert str(state / name) in str(info.value)
+    assert victim.read_bytes() == b"precious\n"
+
+
 # -- temporary files: new, unpredictable names, created exclusively without following links ----
 
 def _members_twice(state: Path) -> None:
