@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Sequence
 
-from .errors import RmqOptionError, RmqSourceError
+from .errors import RmqLockError, RmqOptionError, RmqSourceError
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_STORE, EXIT_REFUSED = 0, 1, 2, 3, 4
 PROG = "rmq-store"
@@ -353,10 +353,11 @@ def _offset_store_path(args, brokers: dict) -> str:
 def _group_topics(root: str, broker: str, group: str, path: str) -> set[str]:
     """Topics ``group`` has offsets for, in our offset store or the broker's consumerOffset.json."""
     from .config_files import load_config_json, read_consumer_offsets
+    from .errors import RmqOffsetStoreError
     from .offset_store import GroupOffsetStore
 
     own = GroupOffsetStore(path, group, broker_stores={broker: root}).file_path(broker)
-    data = load_config_json(own)
+    data = load_config_json(own, root=path, error_cls=RmqOffsetStoreError)
     table = data.get("offsetTable") if isinstance(data, dict) else None
     topics = set()
     for key in (table or {}):
@@ -506,7 +507,14 @@ def _reset(args) -> int:
     with Store(root, broker_name=args.broker_name) as store:
         store.queue_ids(args.topic)                   # unknown topic: exit 3, naming it
     mqs = StoreCatalog(brokers).queues_for_topics([args.topic])
-    live, held = _group_users(path, args.group)
+    try:
+        live, held = _group_users(path, args.group)
+    except RmqLockError as exc:   # a corrupt lock or membership file: cannot tell who uses the group
+        if not args.force:
+            raise
+        print(f"{PROG}: warning: cannot tell whether group {args.group!r} is in use: {exc}; "
+              f"resetting anyway (--force)", file=sys.stderr)
+        live, held = [], {}
     if live or held:
         text = _in_use_text(args.group, live, held)
         if not args.force:

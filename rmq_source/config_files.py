@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 from pathlib import Path
 from typing import Any
 
-from .errors import RmqConfigFileError
+from . import nofollow
+from .errors import RmqConfigFileError, RmqSourceError, RmqStoreLayoutError
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -57,18 +57,19 @@ def parse_fastjson(text: str) -> Any:
     return json.loads(_quote_bare_keys(text), object_pairs_hook=_object_hook)
 
 
-def _candidates(path: Path) -> list[Path]:
-    main = path
-    bak = path.with_name(path.name + ".bak")
-    tmp = path.with_name(path.name + ".tmp")
-    if main.exists():
-        # A stale .tmp next to a readable main file is older than or equal to it (4.9.3 renames .tmp
-        # only after copying main to .bak); keep it as a last resort only.
-        return [main, bak, tmp]
-    return [main, tmp, bak]
+def _read_candidate(path: Path, root: str | os.PathLike | None,
+                    error_cls: type[RmqSourceError]) -> bytes | None:
+    """Bytes of ``path``, None when absent; below ``root``, never through a symlink."""
+    if root is None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+    return nofollow.read_file(path, root=root, error_cls=error_cls)
 
 
-def load_config_json(path: str | os.PathLike) -> Any | None:
+def load_config_json(path: str | os.PathLike, *, root: str | os.PathLike | None = None,
+                     error_cls: type[RmqSourceError] = RmqStoreLayoutError) -> Any | None:
     """Load a broker config file with the broker's fallback.
 
     Tries the main file; when it is missing, empty (only whitespace) or not parseable, tries
@@ -76,18 +77,33 @@ def load_config_json(path: str | os.PathLike) -> Any | None:
     or ``None`` when no candidate file holds any content (the broker then starts with an empty table).
     Raises :class:`RmqConfigFileError` naming every file and its problem when at least one candidate
     has content but none parses.
+
+    With ``root`` (a folder above ``path`` that others may write to), no candidate and no folder
+    below ``root`` is opened through a symlink: one raises ``error_cls`` naming it.
     """
     path = Path(path)
     problems: list[str] = []
-    for candidate in _candidates(path):
+    main_exists = False
+    candidates = [path]
+    while candidates:
+        candidate = candidates.pop(0)
         try:
-            raw = candidate.read_bytes()
-        except FileNotFoundError:
-            continue
+            raw = _read_candidate(candidate, root, error_cls)
+        except RmqSourceError:
+            raise
         except OSError as exc:
+            raw, exists = None, True
             problems.append(f"{candidate}: cannot read ({exc.strerror or exc})")
-            continue
-        if not raw.strip():
+        else:
+            exists = raw is not None
+        if candidate == path:
+            main_exists = exists
+            bak = path.with_name(path.name + ".bak")
+            tmp = path.with_name(path.name + ".tmp")
+            # A stale .tmp next to a readable main file is older than or equal to it (4.9.3 renames
+            # .tmp only after copying main to .bak); keep it as a last resort only.
+            candidates = [bak, tmp] if main_exists else [tmp, bak]
+        if raw is None or not raw.strip():
             continue
         try:
             text = raw.decode("utf-8")
@@ -173,26 +189,6 @@ def dump_fastjson(obj: Any) -> str:
     return "".join(out)
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # platforms without directory fds: the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _parses(raw: bytes) -> bool:
     try:
         parse_fastjson(raw.decode("utf-8"))
@@ -201,39 +197,40 @@ def _parses(raw: bytes) -> bool:
         return False
 
 
-def write_config_atomic(path: str | os.PathLike, text: str) -> None:
+def write_config_atomic(path: str | os.PathLike, text: str, *, root: str | os.PathLike | None = None,
+                        error_cls: type[RmqSourceError] = RmqStoreLayoutError) -> None:
     """Replace ``path`` with ``text`` (UTF-8) so that a reader never sees a torn or missing file.
 
-    Steps: write a uniquely named temp file in the same directory and fsync it; copy the current
-    content (if any, and only if it parses) to ``<file>.bak`` the same way (temp + rename, so the
-    .bak is never torn either);
-    ``os.replace`` the temp file over ``path``; fsync the directory. Creates the directory if needed.
+    Steps: write a new temp file in the same directory, created exclusively under an unpredictable
+    name, and fsync it; copy the current content (if any, and only if it parses) to ``<file>.bak``
+    the same way (temp + rename, so the .bak is never torn either); ``os.replace`` the temp file
+    over ``path``; fsync the directory. Creates the directory if needed.
+
+    Nothing is opened through a symlink: not the file, its ``.bak``, nor any folder between ``root``
+    (default: the file's own folder, which is trusted) and the file; one raises ``error_cls``
+    naming it (:mod:`rmq_source.nofollow`).
     """
     path = Path(path)
     if not isinstance(text, str):
         raise TypeError(f"write_config_atomic expects str text, got {type(text).__name__}")
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    token = f"{os.getpid()}.{secrets.token_hex(4)}"
-    tmp = directory / f".{path.name}.{token}.tmp"
-    bak_tmp = directory / f".{path.name}.bak.{token}.tmp"
-    try:
-        _write_synced(tmp, text.encode("utf-8"))
+    bak = path.name + ".bak"
+    with nofollow.folder(path.parent, root=root, create=True, error_cls=error_cls) as folder:
+        folder.check(bak)
+        tmp = folder.write_temp(path.name, text.encode("utf-8"))
         try:
-            previous = path.read_bytes()
-        except FileNotFoundError:
-            previous = None
-        if previous and _parses(previous):   # never replace a good .bak with a torn file
-            _write_synced(bak_tmp, previous)
-            os.replace(bak_tmp, path.with_name(path.name + ".bak"))
-        os.replace(tmp, path)
-    finally:
-        for leftover in (tmp, bak_tmp):
-            try:
-                leftover.unlink()
-            except FileNotFoundError:
-                pass
-    _fsync_dir(directory)
+            previous = folder.read(path.name)
+            if previous and _parses(previous):   # never replace a good .bak with a torn file
+                bak_tmp = folder.write_temp(bak, previous)
+                try:
+                    folder.replace(bak_tmp, bak)
+                except BaseException:
+                    folder.unlink(bak_tmp)
+                    raise
+            folder.replace(tmp, path.name)
+        except BaseException:
+            folder.unlink(tmp)
+            raise
+        folder.sync()
 
 
 def _config_path(store_root: str | os.PathLike, name: str) -> Path:

@@ -6,13 +6,19 @@ whose last heartbeat is at most ``heartbeat_timeout_ms`` old, sorted as Java sor
 every 30 s and the broker drops a client silent for 120 s.
 
 File: ``<state_dir>/<group>.members.json`` = ``{"version": 1, "group": g, "clients": {clientId:
-{"lastHeartbeatMs": ms, "host": hostname, "pid": pid, "options": {name: value}}}}``, updated by read-modify-write under an
-exclusive flock and replaced atomically (:mod:`rmq_source.statefile`; same multi-process / multi-host
-caveats as :mod:`rmq_source.locks`). Clients no longer live are dropped from the file on each write.
+{"lastHeartbeatMs": ms, "host": hostname, "pid": pid, "options": {name: value}}}}``, updated by
+read-modify-write under an exclusive flock and replaced atomically (:mod:`rmq_source.statefile`;
+same multi-process / multi-host caveats as :mod:`rmq_source.locks`). Clients no longer live are dropped from the file on each write.
 
 ``options`` are the member's options that must agree across the group (RocketMQ requires one
 allocation strategy and one subscription per group): a client whose options differ from a live
 member's is refused when it joins, with an error naming the option and both values.
+
+The file and its ``.flock`` are never opened through a symlink (:class:`RmqLockError` naming it). A
+``lastHeartbeatMs`` that is negative or more than ``heartbeat_timeout_ms`` plus
+:data:`rmq_source.statefile.CLOCK_SKEW_ALLOWANCE_MS` ahead of this client's clock would keep a client
+"live" forever (and its queues unread): it makes the file invalid, every operation raising
+:class:`RmqLockError` naming the file, the client and the value.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source.statefile import (JsonStateFile, check_group, group_state_path,
-                                 group_table_validator)
+                                 group_table_validator, timestamp_problem)
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +52,13 @@ def _check_positive_ms(name: str, value: object) -> int:
     return value
 
 
-def _client_problem(cid: str, c: Any) -> str | None:
+def _client_problem(cid: str, c: Any, now_ms: int, timeout_ms: int) -> str | None:
     t = c.get("lastHeartbeatMs") if isinstance(c, dict) else None
     if not cid or isinstance(t, bool) or not isinstance(t, int):
         return f"client {cid!r} must have an integer lastHeartbeatMs, got {c!r}"
+    why = timestamp_problem("lastHeartbeatMs", t, now_ms, timeout_ms)
+    if why is not None:
+        return f"client {cid!r}: {why}"
     opts = c.get("options", {})
     if not isinstance(opts, dict) or not all(isinstance(v, str) for v in opts.values()):
         return f"client {cid!r}: options must be an object of strings, got {opts!r}"
@@ -60,9 +69,14 @@ def _shown(name: str, value: str | None) -> str:
     return f"{name} not given" if value is None else f"{name}={value!r}"
 
 
-def _validator(group: str) -> Callable[[Any, str], dict]:
-    return group_table_validator(group, STATE_VERSION, "group membership file", "clients",
-                                 _client_problem, RmqLockError)
+def _validator(group: str, now_ms: Callable[[], int], timeout_ms: int) -> Callable[[Any, str], dict]:
+    """Validation of a loaded membership file; heartbeats are judged against ``now_ms()`` (read once)."""
+    def validate(obj: Any, path: str) -> dict:
+        now = now_ms()
+        return group_table_validator(group, STATE_VERSION, "group membership file", "clients",
+                                     lambda cid, c: _client_problem(cid, c, now, timeout_ms),
+                                     RmqLockError)(obj, path)
+    return validate
 
 
 class GroupMembership:
@@ -86,7 +100,8 @@ class GroupMembership:
         self.path = group_state_path(state_dir, group, "members.json")
         self._state = JsonStateFile(
             self.path, empty=lambda: {"version": STATE_VERSION, "group": group, "clients": {}},
-            validate=_validator(group), error_cls=RmqLockError, lock_timeout_s=lock_timeout_s)
+            validate=_validator(group, self.now_ms, self.heartbeat_timeout_ms), error_cls=RmqLockError,
+            lock_timeout_s=lock_timeout_s)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.last_error: BaseException | None = None

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 
@@ -43,6 +42,7 @@ from .group_membership import GroupMembership
 from .locks import (ClientLockView, LockEntry, LockRenewer, QueueLockManager, parse_queue_key,
                     queue_key)
 from .offset_store import GroupOffsetStore, ReadOffsetType
+from . import nofollow
 from .statefile import append_jsonl, file_lock, group_state_path
 
 log = logging.getLogger(__name__)
@@ -286,30 +286,30 @@ class GroupSession:
             rec["start"] = start
         self._batch_key = key
         with file_lock(self.plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
-            append_jsonl(self.plans_path, [rec])
-            if os.path.getsize(self.plans_path) > _PLANS_COMPACT_BYTES:
+            append_jsonl(self.plans_path, [rec], error_cls=RmqLockError)
+            size = nofollow.file_size(self.plans_path, error_cls=RmqLockError)
+            if size is not None and size > _PLANS_COMPACT_BYTES:
                 self._compact()
 
     def _compact(self) -> None:
         """Keep the last ``_PLANS_KEEP`` plans, and whatever a client that is down may still need
         however long ago it planned: its last two plans (the batch it may re-run and the
-        committed one before it) and its last first-batch plan."""
-        with open(self.plans_path, encoding="utf-8") as f:
-            lines = f.readlines()
-        lines = [lines[i] for i in sorted(_plans_to_keep(lines))]
-        tmp = self.plans_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.plans_path)
+        committed one before it) and its last first-batch plan. Rewritten atomically through an
+        unpredictably named temporary file, never through a symlink (:mod:`rmq_source.nofollow`)."""
+        lines = self._plan_lines()
+        kept = "".join(lines[i] for i in sorted(_plans_to_keep(lines)))
+        nofollow.write_file_atomic(self.plans_path, kept.encode("utf-8"), error_cls=RmqLockError)
+
+    def _plan_lines(self) -> list[str]:
+        """Lines of the plans file (each with its newline, but a torn last one), [] when absent."""
+        raw = nofollow.read_file(self.plans_path, error_cls=RmqLockError)
+        if raw is None:
+            return []
+        parts = raw.decode("utf-8").split("\n")
+        return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
     def _plans(self):
-        try:
-            with open(self.plans_path, encoding="utf-8") as f:
-                lines = f.readlines()
-        except FileNotFoundError:
-            return
+        lines = self._plan_lines()
         for line in reversed(lines):
             try:
                 yield json.loads(line)

@@ -16,6 +16,13 @@ Files in ``state_dir`` (beside the group's offset store), per consumer group ``<
   for ten leases removed). Rotated to ``.1`` past ``history_max_bytes``. :func:`find_lock_overlaps`
   checks that no queue was ever held by two clients within a lease.
 
+None of these files (nor their ``.flock``, temporary files or ``.1``) is ever opened through a
+symlink: the folder may be shared, and a planted link is refused with :class:`RmqLockError` naming
+it. An entry whose ``lastUpdateTimestamp`` is negative or more than this manager's lease plus
+:data:`rmq_source.statefile.CLOCK_SKEW_ALLOWANCE_MS` ahead of its clock (it would never expire), or
+whose ``leaseMs`` is not positive, makes the file invalid: every operation raises
+:class:`RmqLockError` naming the file, the entry and the value.
+
 Rules (all times in ms from ``clock``): an entry is expired when ``now - lastUpdateTimestamp >
 leaseMs`` (the lease the owner was granted, so managers configured with different leases stay
 safe). ``try_lock_batch`` renews queues the caller owns (expired or not), takes free or expired ones
@@ -43,8 +50,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
+from rmq_source import nofollow
 from rmq_source.statefile import (JsonStateFile, append_jsonl, check_group, group_state_path,
-                                 group_table_validator)
+                                 group_table_validator, timestamp_problem)
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +169,27 @@ def _entry_to_json(e: LockEntry) -> dict:
     return {"clientId": e.client_id, "lastUpdateTimestamp": e.last_update_ms, "leaseMs": e.lease_ms}
 
 
-def _lock_problem(key: str, e: Any) -> str | None:
+def _lock_problem(key: str, e: Any, now_ms: int, lease_ms: int) -> str | None:
     ok = (isinstance(e, dict) and isinstance(e.get("clientId"), str) and e["clientId"]
           and all(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
                   for f in ("lastUpdateTimestamp", "leaseMs")))
-    if ok:
-        return None
-    return (f"entry {key!r} must have clientId (string), lastUpdateTimestamp and leaseMs "
-            f"(integers), got {e!r}")
+    if not ok:
+        return (f"entry {key!r} must have clientId (string), lastUpdateTimestamp and leaseMs "
+                f"(integers), got {e!r}")
+    if e["leaseMs"] <= 0:
+        return f"entry {key!r} of client {e['clientId']!r}: leaseMs {e['leaseMs']} must be positive"
+    why = timestamp_problem("lastUpdateTimestamp", e["lastUpdateTimestamp"], now_ms, lease_ms)
+    return None if why is None else f"entry {key!r} of client {e['clientId']!r}: {why}"
 
 
-def _validator(group: str) -> Callable[[Any, str], dict]:
-    return group_table_validator(group, STATE_VERSION, "lock state file", "locks", _lock_problem,
-                                 RmqLockError)
+def _validator(group: str, now_ms: Callable[[], int], lease_ms: int) -> Callable[[Any, str], dict]:
+    """Validation of a loaded lock file; timestamps are judged against ``now_ms()`` (read once)."""
+    def validate(obj: Any, path: str) -> dict:
+        now = now_ms()
+        return group_table_validator(group, STATE_VERSION, "lock state file", "locks",
+                                     lambda key, e: _lock_problem(key, e, now, lease_ms),
+                                     RmqLockError)(obj, path)
+    return validate
 
 
 class QueueLockManager:
@@ -195,7 +211,8 @@ class QueueLockManager:
         self.history_path = group_state_path(state_dir, group, "lock-history.jsonl")
         self._state = JsonStateFile(
             self.path, empty=lambda: {"version": STATE_VERSION, "group": group, "locks": {}},
-            validate=_validator(group), error_cls=RmqLockError, lock_timeout_s=lock_timeout_s)
+            validate=_validator(group, self.now_ms, self.lease_ms), error_cls=RmqLockError,
+            lock_timeout_s=lock_timeout_s)
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -277,12 +294,13 @@ class QueueLockManager:
         if not self.history or not events:
             return
         try:
-            if os.path.getsize(self.history_path) >= self.history_max_bytes:
-                os.replace(self.history_path, self.history_path + ".1")
-        except FileNotFoundError:
-            pass
-        try:
-            append_jsonl(self.history_path, events)
+            size = nofollow.file_size(self.history_path, error_cls=RmqLockError)
+            if size is not None and size >= self.history_max_bytes:
+                nofollow.rename_file(self.history_path, os.path.basename(self.history_path) + ".1",
+                                     error_cls=RmqLockError)
+            append_jsonl(self.history_path, events, error_cls=RmqLockError)
+        except RmqLockError:
+            raise
         except OSError as exc:
             raise RmqLockError(f"cannot append to lock history {self.history_path}: {exc}") from exc
 
@@ -365,18 +383,20 @@ def read_history(state_dir: str | os.PathLike, group: str) -> list[dict]:
     path = os.path.join(os.fspath(state_dir), f"{check_group(group)}.lock-history.jsonl")
     records: list[dict] = []
     for p in (path + ".1", path):
-        try:
-            with open(p, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise RmqLockError(f"lock history {p} line {n} is not JSON: {exc}") from exc
-                    if not isinstance(rec, dict) or rec.get("action") not in ACTIONS:
-                        raise RmqLockError(f"lock history {p} line {n} is not a history record: {line!r}")
-                    records.append(rec)
-        except FileNotFoundError:
+        raw = nofollow.read_file(p, error_cls=RmqLockError)
+        if raw is None:
             continue
+        lines = raw.decode("utf-8").split("\n")
+        if lines[-1] == "":
+            lines.pop()  # after the last newline
+        for n, line in enumerate(lines, 1):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RmqLockError(f"lock history {p} line {n} is not JSON: {exc}") from exc
+            if not isinstance(rec, dict) or rec.get("action") not in ACTIONS:
+                raise RmqLockError(f"lock history {p} line {n} is not a history record: {line!r}")
+            records.append(rec)
     return records
 
 

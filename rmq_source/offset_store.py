@@ -17,6 +17,12 @@ several processes committing different groups, topics or queues never lose each 
 (two commits of the same queue: the last one wins, as on a broker). Reads take no lock: a file is
 only ever replaced whole.
 
+``offsetStorePath`` itself is the user's choice and may be a symlink; below it nothing is ever
+opened through one (the ``<brokerName>`` folder, the file, its ``.bak``, ``.tmp`` and ``.lock``):
+the folder may be shared by every query of the group, and a planted link could make us overwrite
+any file our user can write. A link is refused with :class:`~rmq_source.errors.RmqOffsetStoreError`
+naming it; temporary files get unpredictable names and exclusive, no-follow creates.
+
 Group progress is read from that store first and, for queues it has no entry for, from the
 broker's own ``<storeRoot>/config/consumerOffset.json`` (``broker_stores``), so a Spark query can
 take over a group that Java consumers ran. The broker's file is only ever read, never written.
@@ -42,7 +48,8 @@ from typing import Any, Iterable, Mapping
 from .allocation import MessageQueue
 from .config_files import (TOPIC_GROUP_SEPARATOR, dump_fastjson, load_config_json,
                            read_consumer_offsets, write_config_atomic)
-from .errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError
+from . import nofollow
+from .errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError, RmqSourceError
 from .statefile import check_group, file_lock
 
 __all__ = ["GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "BROKER_NAME_RE",
@@ -168,8 +175,8 @@ class GroupOffsetStore:
     def _load_own(self, broker_name: str) -> tuple[str, Any]:
         path = self.file_path(broker_name)
         try:
-            return path, load_config_json(path)
-        except RmqConfigFileError:
+            return path, load_config_json(path, root=self.path, error_cls=RmqOffsetStoreError)
+        except RmqSourceError:
             raise
         except OSError as exc:
             raise RmqOffsetStoreError(f"cannot read offset store file {path}: {exc}") from exc
@@ -347,11 +354,13 @@ class GroupOffsetStore:
         path = self.file_path(broker)
         directory = os.path.dirname(path)
         try:
-            os.makedirs(directory, exist_ok=True)
+            nofollow.ensure_folder(directory, root=self.path, error_cls=RmqOffsetStoreError)
+        except RmqSourceError:
+            raise
         except OSError as exc:
             raise RmqOffsetStoreError(f"cannot create offset store directory {directory}: {exc}") from exc
         with file_lock(path + LOCK_SUFFIX, exclusive=True, timeout_s=self.lock_timeout_s,
-                       error_cls=RmqOffsetStoreError):
+                       error_cls=RmqOffsetStoreError, root=self.path):
             _, data = self._load_own(broker)
             if data is None:
                 data = {"offsetTable": {}}
@@ -372,6 +381,9 @@ class GroupOffsetStore:
             if not changed:
                 return
             try:
-                write_config_atomic(path, dump_fastjson(data))
+                write_config_atomic(path, dump_fastjson(data), root=self.path,
+                                    error_cls=RmqOffsetStoreError)
+            except RmqSourceError:
+                raise
             except OSError as exc:
                 raise RmqOffsetStoreError(f"cannot write offset store file {path}: {exc}") from exc

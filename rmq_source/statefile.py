@@ -2,9 +2,16 @@
 
 Contract of :class:`JsonStateFile`:
 
-* The data file ``<path>`` is only ever replaced whole: new content goes to ``<path>.tmp``, is fsynced,
-  renamed over ``<path>`` and the directory is fsynced. A reader therefore sees the old or the new
-  content, never a torn mix, and a crash at any point leaves one of the two.
+* The data file ``<path>`` is only ever replaced whole: new content goes to a new temporary file with
+  an unpredictable name, is fsynced, renamed over ``<path>`` and the directory is fsynced. A reader
+  therefore sees the old or the new content, never a torn mix, and a crash at any point leaves one
+  of the two.
+* The folder may be shared with other users: no file in it (data, ``.flock``, temporary files, logs)
+  is ever opened through a symlink; one planted there is refused with the caller's error class
+  naming it (:mod:`rmq_source.nofollow`).
+* Entries carry the writer's clock (ms since the epoch). A stamp that is negative, or further ahead
+  of the reader's clock than one lease (the reader's) plus :data:`CLOCK_SKEW_ALLOWANCE_MS`, cannot
+  come from a member and would never expire: it makes the file invalid (:func:`timestamp_problem`).
 * Every read-modify-write happens under an exclusive ``fcntl.flock`` on the sidecar ``<path>.flock``
   (the data file itself cannot carry the lock because rename replaces its inode), so two processes
   racing never lose an update. Reads take a shared lock; on NFS taking a lock also makes the client
@@ -29,7 +36,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
-from rmq_source.errors import RmqOptionError, RmqSourceError
+from rmq_source import nofollow
+from rmq_source.errors import RmqLockError, RmqOptionError, RmqSourceError
 
 T = TypeVar("T")
 
@@ -37,6 +45,9 @@ T = TypeVar("T")
 # safe as file-name parts. The length cap keeps "<group>.<suffix>" under the usual 255-byte NAME_MAX.
 _GROUP_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 GROUP_MAX_LENGTH = 200
+# How far ahead of the reader's clock, beyond one lease, another member's clock may plausibly run.
+# Clocks further apart break the lease rules anyway (see rmq_source.locks).
+CLOCK_SKEW_ALLOWANCE_MS = 60_000
 
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
@@ -81,11 +92,13 @@ def group_state_path(state_dir: str | os.PathLike, group: str, suffix: str) -> s
 
 @contextmanager
 def file_lock(lock_path: str, *, exclusive: bool, timeout_s: float | None,
-              error_cls: type[RmqSourceError]) -> Iterator[None]:
+              error_cls: type[RmqSourceError], root: str | None = None) -> Iterator[None]:
     """Hold flock on ``lock_path`` (created if missing) plus this process's thread lock for it.
 
     ``timeout_s=None`` waits forever; otherwise ``error_cls`` is raised when the lock is still busy
-    after ``timeout_s`` seconds (a stopped or hung holder must not hang every other client).
+    after ``timeout_s`` seconds (a stopped or hung holder must not hang every other client). The
+    lock file, and every folder between ``root`` (default: its own folder) and it, is opened
+    without following symlinks: one there raises ``error_cls`` naming it.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     tlock = _thread_lock(os.path.abspath(lock_path))
@@ -94,7 +107,9 @@ def file_lock(lock_path: str, *, exclusive: bool, timeout_s: float | None,
                         "(held by another thread of this process)")
     try:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = nofollow.open_file(lock_path, os.O_RDWR | os.O_CREAT, root=root, error_cls=error_cls)
+        except RmqSourceError:
+            raise
         except OSError as exc:
             raise error_cls(f"cannot open state lock file {lock_path}: {exc}") from exc
         try:
@@ -126,51 +141,43 @@ def _flock(fd: int, lock_path: str, mode: int, deadline: float | None, timeout_s
             delay = min(delay * 2, 0.02)
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Replace ``path`` with ``obj`` as JSON: temp file, fsync, rename, directory fsync.
-
-    The caller must hold the exclusive lock (the temp name is fixed, so it is not safe alone).
-    """
+def write_json_atomic(path: str, obj: Any, *, error_cls: type[RmqSourceError]) -> None:
+    """Replace ``path`` with ``obj`` as JSON: new unpredictably named temp file (exclusive,
+    no-follow create), fsync, rename, directory fsync. A symlink at ``path`` raises ``error_cls``."""
     data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+    nofollow.write_file_atomic(path, data, error_cls=error_cls)
 
 
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems refuse fsync on a directory; the rename still stands
-        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
+def append_jsonl(path: str, records: list[dict], *,
+                 error_cls: type[RmqSourceError] = RmqLockError) -> None:
+    """Append one JSON line per record with a single write (O_APPEND). Not fsynced: a log, not state.
 
-
-def append_jsonl(path: str, records: list[dict]) -> None:
-    """Append one JSON line per record with a single write (O_APPEND). Not fsynced: a log, not state."""
+    ``path`` is never opened through a symlink (``error_cls`` naming it); the default class is the
+    one of the group's logs (plans, lock history).
+    """
     if not records:
         return
     data = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-    try:
-        view = memoryview(data.encode("utf-8"))
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
+    nofollow.append_file(path, data.encode("utf-8"), error_cls=error_cls)
+
+
+def timestamp_problem(field: str, value: int, now_ms: int, lease_ms: int) -> str | None:
+    """Why ``value`` (ms since the epoch, stamped by some member's clock, trusted for ``lease_ms``)
+    cannot be a real stamp, or None.
+
+    Invalid: negative, or more than ``lease_ms + CLOCK_SKEW_ALLOWANCE_MS`` ahead of ``now_ms`` (the
+    reader's clock). Such an entry would never expire and hold its queues or its place in the group
+    forever, so it is reported as corrupt rather than obeyed.
+    """
+    if value < 0:
+        return f"{field} {value} is negative; it must be a time in ms since the epoch"
+    limit = lease_ms + CLOCK_SKEW_ALLOWANCE_MS
+    if value - now_ms > limit:
+        return (f"{field} {value} is {value - now_ms} ms ahead of this host's clock ({now_ms}), more "
+                f"than the {limit} ms a member's clock may be ahead (lease {lease_ms} ms + "
+                f"{CLOCK_SKEW_ALLOWANCE_MS} ms clock skew); such an entry would never expire - "
+                "remove it (or the file) once its holder is stopped")
+    return None
 
 
 def group_table_validator(group: str, version: int, what: str, table: str,
@@ -218,12 +225,13 @@ class JsonStateFile:
 
     def _load(self) -> dict:
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return self._empty()
+            raw = nofollow.read_file(self.path, error_cls=self._error_cls)
+        except RmqSourceError:
+            raise
         except OSError as exc:
             raise self._error_cls(f"cannot read state file {self.path}: {exc}") from exc
+        if raw is None:
+            return self._empty()
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -257,7 +265,9 @@ class JsonStateFile:
             result = mutate(state)
             if json.dumps(state, sort_keys=True) != before:
                 try:
-                    write_json_atomic(self.path, state)
+                    write_json_atomic(self.path, state, error_cls=self._error_cls)
+                except RmqSourceError:
+                    raise
                 except OSError as exc:
                     raise self._error_cls(f"cannot write state file {self.path}: {exc}") from exc
             if after_write is not None:

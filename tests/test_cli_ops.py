@@ -240,6 +240,39 @@ def test_expired_locks_and_other_groups_do_not_block(written):
     assert out.stderr == ""
 
 
+FAR_FUTURE = 10 ** 18
+GHOST_STATE = {
+    "locks.json": {"version": 1, "group": GROUP, "locks": {"TopicTest|broker-a|1": {
+        "clientId": "ghost", "lastUpdateTimestamp": FAR_FUTURE, "leaseMs": 60000}}},
+    "members.json": {"version": 1, "group": GROUP, "clients": {
+        "ghost": {"lastHeartbeatMs": FAR_FUTURE, "host": "h", "pid": 1}}},
+}
+
+
+@pytest.mark.parametrize("name", GHOST_STATE)
+def test_a_far_future_stamp_is_corrupt_state_not_a_group_in_use_forever(written, name):
+    """A lock or heartbeat stamped in 10^18 never expires: instead of refusing forever as "in use",
+    reset-offset fails as for any corrupt state file (exit 3) naming the file, the entry and the
+    value; --force resets anyway with that text as a warning."""
+    root, _ = written
+    ok("reset-offset", root, "--group", GROUP, "--topic", "TopicTest", "--to", "latest")
+    path = root / "rmq_source_offsets" / f"{GROUP}.{name}"
+    path.write_text(json.dumps(GHOST_STATE[name]))
+    out = run("reset-offset", root, "--group", GROUP, "--topic", "TopicTest", "--to", "earliest")
+    assert out.returncode == 3, out.stderr
+    line, = out.stderr.strip().splitlines()
+    assert line.startswith("rmq-store: store error: ") and f"{path} is invalid" in line
+    assert "ghost" in line and f" {FAR_FUTURE} is " in line and "ahead of this host's clock" in line
+    assert _offsets(root) == {q: 60 for q in range(4)}        # nothing written
+
+    out = run("reset-offset", root, "--group", GROUP, "--topic", "TopicTest", "--to", "earliest",
+              "--force")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("rmq-store: warning: cannot tell whether group") and str(path) in out.stderr
+    assert _offsets(root) == {q: 0 for q in range(4)}
+    assert json.loads(path.read_text()) == GHOST_STATE[name]  # left for the operator
+
+
 # --------------------------------------------------------------------------------------- search
 
 @pytest.mark.parametrize("topic, key", [

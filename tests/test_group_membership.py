@@ -2,6 +2,7 @@
 (concurrent heartbeats lose nobody; a kill -9'd client drops out after the timeout)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source.group_membership import GroupMembership, java_sorted
+from rmq_source.statefile import CLOCK_SKEW_ALLOWANCE_MS
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "GID_orderly"
@@ -109,6 +111,42 @@ def test_corrupt_file_is_an_error_naming_it(tmp_path, content, match):
     with pytest.raises(RmqLockError, match=match) as info:
         m.heartbeat()
     assert m.path in str(info.value)
+
+
+FAR_FUTURE = 10 ** 18
+LIMIT_MS = TIMEOUT + CLOCK_SKEW_ALLOWANCE_MS  # how far ahead of the reader's clock a heartbeat may be
+
+
+def _members_state(stamp: int) -> bytes:
+    return json.dumps({"version": 1, "group": GROUP, "clients": {
+        "ghost": {"lastHeartbeatMs": stamp, "host": "h", "pid": 1}}}).encode()
+
+
+@pytest.mark.parametrize("stamp, match", [
+    (FAR_FUTURE, f"client 'ghost': lastHeartbeatMs {FAR_FUTURE} is"),
+    (1_000_000 + LIMIT_MS + 1, f"lastHeartbeatMs {1_000_000 + LIMIT_MS + 1} is {LIMIT_MS + 1} ms ahead"),
+    (-1, "client 'ghost': lastHeartbeatMs -1 is negative"),
+], ids=["stamped in 10^18", "one ms beyond timeout + clock skew ahead", "negative"])
+def test_implausible_heartbeat_is_corrupt_state_naming_file_client_and_value(tmp_path, stamp, match):
+    """A heartbeat that would never expire would keep a dead client in every allocation."""
+    m = member(tmp_path, "A", FakeClock())
+    content = _members_state(stamp)
+    Path(m.path).write_bytes(content)
+    for operation in (m.heartbeat, m.live_clients, m.members, m.leave):
+        with pytest.raises(RmqLockError, match=match) as info:
+            operation()
+        assert str(info.value).startswith(f"group membership file {m.path} is invalid: ")
+    assert Path(m.path).read_bytes() == content
+
+
+def test_a_heartbeat_ahead_by_up_to_timeout_plus_clock_skew_is_live(tmp_path):
+    clock = FakeClock()
+    m = member(tmp_path, "A", clock)
+    Path(m.path).write_bytes(_members_state(clock.ms + LIMIT_MS))
+    assert m.heartbeat() == ["A", "ghost"]
+    clock.ms -= 1
+    with pytest.raises(RmqLockError, match=f"{LIMIT_MS + 1} ms ahead"):
+        m.live_clients()
 
 
 def wait_until(cond, timeout_s=5.0, what="condition"):

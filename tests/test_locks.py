@@ -18,6 +18,7 @@ import pytest
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock, QueueLockManager,
                               find_lock_overlaps, parse_queue_key, queue_key, read_history)
+from rmq_source.statefile import CLOCK_SKEW_ALLOWANCE_MS
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "GID_orderly"
@@ -207,6 +208,57 @@ def test_corrupt_state_file_is_an_error_naming_it(mgr, content, match):
     with pytest.raises(RmqLockError, match=match) as info:
         mgr.try_lock(q(0), "A")
     assert mgr.path in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Implausible stamps: an entry that would never expire is corrupt state, not a lock
+
+FAR_FUTURE = 10 ** 18
+LIMIT_MS = LEASE + CLOCK_SKEW_ALLOWANCE_MS  # how far ahead of the reader's clock a stamp may be
+
+
+def _lock_state(stamp: int, lease: int = LEASE) -> bytes:
+    return json.dumps({"version": 1, "group": GROUP, "locks": {"TopicOrder|broker-a|0": {
+        "clientId": "ghost", "lastUpdateTimestamp": stamp, "leaseMs": lease}}}).encode()
+
+
+IMPLAUSIBLE_LOCKS = {
+    "stamped in 10^18": (FAR_FUTURE, LEASE, f"lastUpdateTimestamp {FAR_FUTURE} is"),
+    "one ms beyond lease + clock skew ahead": (1_000_000 + LIMIT_MS + 1, LEASE,
+                                               f"lastUpdateTimestamp {1_000_000 + LIMIT_MS + 1} is "
+                                               f"{LIMIT_MS + 1} ms ahead"),
+    "negative stamp": (-5, LEASE, "lastUpdateTimestamp -5 is negative"),
+    "lease of zero": (1_000_000, 0, "leaseMs 0 must be positive"),
+}
+_OPERATIONS = {
+    "try_lock": lambda m: m.try_lock(q(1), "A"),
+    "renew": lambda m: m.renew([q(0)], "A"),
+    "owner": lambda m: m.owner(q(0)),
+    "entries": lambda m: m.entries(),
+    "assert_held": lambda m: m.assert_held(q(0), "ghost", 500),
+}
+
+
+@pytest.mark.parametrize("stamp, lease, match", IMPLAUSIBLE_LOCKS.values(), ids=IMPLAUSIBLE_LOCKS.keys())
+def test_implausible_lock_entry_is_corrupt_state_naming_file_entry_and_value(mgr, stamp, lease, match):
+    content = _lock_state(stamp, lease)
+    Path(mgr.path).write_bytes(content)
+    for name, operation in _OPERATIONS.items():
+        with pytest.raises(RmqLockError, match=match) as info:
+            operation(mgr)
+        text = str(info.value)
+        assert text.startswith(f"lock state file {mgr.path} is invalid: entry "
+                               "'TopicOrder|broker-a|0'"), (name, text)
+    assert Path(mgr.path).read_bytes() == content  # left for the operator to look at
+
+
+def test_a_stamp_ahead_by_up_to_lease_plus_clock_skew_is_a_live_lock(mgr, clock):
+    """Another host's clock may run ahead; only what no clock can explain is refused."""
+    Path(mgr.path).write_bytes(_lock_state(clock.ms + LIMIT_MS))
+    assert mgr.owner(q(0)) == "ghost" and not mgr.try_lock(q(0), "A")
+    clock.ms -= 1
+    with pytest.raises(RmqLockError, match=f"{LIMIT_MS + 1} ms ahead"):
+        mgr.try_lock(q(0), "A")
 
 
 def test_stale_temp_file_from_a_crashed_writer_is_harmless(mgr):
