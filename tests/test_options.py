@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from conftest import require
 from rmq_source.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.options import OPTION_DOCS, SourceOptions, options_markdown, parse_options
@@ -382,7 +383,7 @@ def test_unknown_option_lists_every_valid_option(dirs):
 
 
 def test_spark_case_insensitive_dict(dirs):
-    datasource = pytest.importorskip("pyspark.sql.datasource")
+    datasource = require("pyspark.sql.datasource", "needs pyspark")
     raw = datasource.CaseInsensitiveDict({"storePath": dirs["A"], "TOPIC": "T", "maxOffsetsPerTrigger": "9"})
     opts = parse_options(raw, streaming=True)
     assert opts.topics == ("T",) and opts.max_messages_per_trigger == 9

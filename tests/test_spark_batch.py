@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from chispa import assert_df_equality
 
+from conftest import require
 from store_builder import build_store
+
+assert_df_equality = require("chispa", "the Spark batch tests compare DataFrames with chispa").assert_df_equality
 
 pytestmark = pytest.mark.spark
 
