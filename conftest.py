@@ -1,9 +1,28 @@
-"""Shared pytest fixtures: one local Spark session for the whole run, fixture paths, temp stores."""
+"""Shared pytest fixtures: one local Spark session for the whole run, fixture paths, temp stores.
+
+Reference fixtures (stores written by RocketMQ 4.9.3 and 5.3.3, with their answer files) come from
+``../shared/fixtures`` when the steering repo's ``shared/`` folder sits beside this checkout, and
+otherwise from the embedded copy ``tests/fixtures/reference.tar.xz``, extracted once per test session
+into a temporary folder (read-only, like the shared copy). ``RMQ_FIXTURES`` overrides the choice:
+``embedded`` always uses the embedded copy, a path uses that folder.
+
+Strict mode (``CI=true``, or ``RMQ_REQUIRE_ALL_TESTS=1`` which ``.ci/run`` exports): a missing
+prerequisite (fixture, tool, Python package) fails the test instead of skipping it. Tests ask
+for prerequisites through :func:`require` (or :func:`missing`), never through ``pytest.skip``.
+"""
 from __future__ import annotations
 
+import atexit
+import contextlib
+import importlib
 import os
+import shutil
+import stat
 import sys
-from pathlib import Path
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import NoReturn
 
 import pytest
 
@@ -14,21 +33,191 @@ os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
 
 REPO = Path(__file__).resolve().parent
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+EMBEDDED_ARCHIVE = REPO / "tests" / "fixtures" / "reference.tar.xz"
+
+
+# -- prerequisites: skip locally, fail in CI ---------------------------------------------------
+
+def strict() -> bool:
+    """True under CI (``CI=true``) or with ``RMQ_REQUIRE_ALL_TESTS=1``: nothing may skip for a
+    missing prerequisite."""
+    flag = os.environ.get("RMQ_REQUIRE_ALL_TESTS", "").strip().lower()
+    if flag:
+        return flag not in ("0", "false", "no")
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def missing(why: str) -> NoReturn:
+    """A prerequisite is missing: skip the test (or module) locally, fail it in strict mode."""
+    if strict():
+        pytest.fail(f"{why} [a missing prerequisite fails under CI / RMQ_REQUIRE_ALL_TESTS=1]",
+                    pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+def require(what, why: str = ""):
+    """The prerequisite ``what``, or :func:`missing`.
+
+    ``what`` is a module name (``"atheris"``, ``"pyspark.sql"``: the module is returned), ``"cmd:NAME"``
+    (an executable on PATH: its path is returned), or any other value, used as a condition (returned
+    when truthy, e.g. a path found by the caller).
+    """
+    if isinstance(what, str) and what.startswith("cmd:"):
+        found = shutil.which(what[4:])
+        if found is None:
+            missing(f"{what[4:]} is not on PATH" + (f": {why}" if why else ""))
+        return found
+    if isinstance(what, str):
+        try:
+            return importlib.import_module(what)
+        except ImportError as exc:
+            missing(f"cannot import {what} ({exc})" + (f": {why}" if why else ""))
+    if not what:
+        missing(why or "a prerequisite is missing")
+    return what
+
+
+# -- errors that may come back wrapped by Spark -----------------------------------------------
+
+def _class_names(cls: type) -> set[str]:
+    names = {cls.__name__}
+    for sub in cls.__subclasses__():
+        names |= _class_names(sub)
+    return names
+
+
+class RaisesInfo:
+    value: BaseException | None = None
+    text: str = ""
+
+
+@contextlib.contextmanager
+def raises_rmq(cls: type, match: str | None = None):
+    """``pytest.raises(cls, match=...)`` that also accepts ``cls`` (or a subclass) raised inside
+    Spark (a Python task or the planner) and handed back wrapped in a Spark/Py4J error: then the
+    wrapper's text must name the class. ``info.text`` is the error's text either way."""
+    import re
+    info = RaisesInfo()
+    try:
+        yield info
+    except cls as exc:
+        info.value, info.text = exc, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a wrapper from Spark, checked below
+        text = str(exc)
+        spark_side = any(m.startswith(("pyspark", "py4j")) for m in
+                         (getattr(c, "__module__", "") for c in type(exc).__mro__))
+        if not spark_side or not any(name in text for name in _class_names(cls)):
+            raise
+        info.value, info.text = exc, text
+    else:
+        pytest.fail(f"DID NOT RAISE {cls.__name__}")
+    if match is not None and not re.search(match, info.text):
+        pytest.fail(f"{cls.__name__} raised, but its text does not match {match!r}: "
+                    f"{info.text[-3000:]}")
+
+
+# -- reference fixtures ------------------------------------------------------------------------
+
+_EXTRACTED: Path | None = None
+
+
+def _extract_embedded() -> Path:
+    """The embedded copy, extracted once per session (and per process) into a temporary folder
+    whose files and folders are read-only, as in ../shared/fixtures."""
+    global _EXTRACTED
+    if _EXTRACTED is not None:
+        return _EXTRACTED
+    if not EMBEDDED_ARCHIVE.is_file():
+        missing(f"the embedded reference fixtures {EMBEDDED_ARCHIVE} are absent")
+    top = Path(tempfile.mkdtemp(prefix="rmq-fixtures-"))
+    atexit.register(_remove_tree, top, os.getpid())
+    root = top / "fixtures"
+    root.mkdir()
+    dirs = [root]
+    with tarfile.open(EMBEDDED_ARCHIVE, "r:xz") as tar:
+        for member in tar:
+            rel = PurePosixPath(member.name)
+            if rel.is_absolute() or ".." in rel.parts or not (member.isfile() or member.isdir()):
+                raise RuntimeError(f"{EMBEDDED_ARCHIVE}: unexpected member {member.name!r}")
+            dest = root.joinpath(*rel.parts)
+            if member.isdir():
+                dest.mkdir(parents=True, exist_ok=True)
+                dirs.append(dest)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out)
+            os.chmod(dest, 0o444)
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        os.chmod(d, 0o555)
+    _EXTRACTED = root
+    return root
+
+
+def _remove_tree(top: Path, owner: int) -> None:
+    if os.getpid() != owner:          # a forked child exiting normally must not remove it
+        return
+    for folder, subdirs, _ in os.walk(top):
+        for name in subdirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(folder, name), stat.S_IRWXU)
+    with contextlib.suppress(OSError):
+        os.chmod(top, stat.S_IRWXU)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+_ROOT: Path | None = None
+
+
+def fixtures_root() -> Path:
+    """The folder holding the reference fixtures (``rocketmq-4.9.3/``, ``rocketmq-5.3.3/``,
+    ``oracle/``): RMQ_FIXTURES, else ../shared/fixtures when present, else the embedded copy.
+    Exported as RMQ_FIXTURES so that test subprocesses use the same folder."""
+    global _ROOT
+    if _ROOT is None:
+        choice = os.environ.get("RMQ_FIXTURES", "").strip()
+        if choice == "embedded":
+            root = _extract_embedded()
+        elif choice and choice != "auto":
+            root = Path(choice)
+            if not root.is_dir():
+                missing(f"RMQ_FIXTURES={choice} is not a folder")
+        elif SHARED_FIXTURES.is_dir():
+            root = SHARED_FIXTURES
+        else:
+            root = _extract_embedded()
+        os.environ["RMQ_FIXTURES"] = str(root)
+        _ROOT = root
+    return _ROOT
+
+
+def embedded_fixtures() -> Path:
+    """The embedded copy, extracted (whatever fixtures_root() uses)."""
+    return _extract_embedded()
 
 
 def fixture_dir(name: str) -> Path:
-    """A RocketMQ-written fixture folder under ../shared/fixtures; skips when it is absent."""
-    path = SHARED_FIXTURES / name
+    """A RocketMQ-written fixture folder (``"rocketmq-4.9.3/basic"``) under fixtures_root()."""
+    path = fixtures_root() / name
     if not path.is_dir():
-        pytest.skip(f"reference fixtures not found at {path} (the steering repo's shared/ folder "
-                    "must sit beside this checkout)")
+        missing(f"reference fixture folder {path} not found")
     return path
 
+
+def fixture_file(name: str) -> Path:
+    """A file under fixtures_root() (``"oracle/allocations.jsonl"``)."""
+    path = fixtures_root() / name
+    if not path.is_file():
+        missing(f"reference fixture file {path} not found")
+    return path
+
+
+# -- Spark --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def spark():
     """The one local Spark session of the test run (local[2], no UI, small shuffles)."""
-    pyspark_sql = pytest.importorskip("pyspark.sql")
+    pyspark_sql = require("pyspark.sql", "the Spark tests need pyspark (pip install -e '.[test]')")
     session = (
         pyspark_sql.SparkSession.builder.master("local[2]")
         .appName("rmq_source-tests")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from .allocation import MessageQueue, create_strategy
+from .allocation import MessageQueue
 from .errors import RmqOptionError, RmqStoreLayoutError
 from .offset_store import BROKER_NAME_RE, check_offset_store_path
 from .statefile import check_group
@@ -223,25 +223,6 @@ class SourceOptions:
             return None
         return sorted(MessageQueue(t, b, q) for t, by_broker in self.assign.items()
                       for b, qids in by_broker.items() for q in qids)
-
-    def allocation_params(self) -> dict[str, Any]:
-        """Keyword arguments for ``allocation.create_strategy(self.allocate_strategy, **params)``."""
-        name = self.allocate_strategy
-        if name == "CONFIG":
-            return {"message_queues": list(self.allocate_queues or ())}
-        if name == "MACHINE_ROOM":
-            return {"consume_rooms": list(self.consume_rooms or ())}
-        if name == "CONSISTENT_HASH":
-            return {"virtual_node_count": self.virtual_node_count}
-        if name == "MACHINE_ROOM_NEARBY":
-            inner_params = ({"virtual_node_count": self.virtual_node_count}
-                            if self.nearby_inner_strategy == "CONSISTENT_HASH" else {})
-            return {"inner": create_strategy(self.nearby_inner_strategy, **inner_params)}
-        return {}
-
-    def make_allocation_strategy(self):
-        """The allocation strategy object (imports a user ``package.module:Class`` now)."""
-        return create_strategy(self.allocate_strategy, **self.allocation_params())
 
 
 # ------------------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ from rmq_source.allocation import (
 )
 from rmq_source.errors import RmqAllocationError, RmqOptionError
 
-ORACLE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "oracle" / "allocations.jsonl"
+from conftest import fixtures_root, missing
+
+ORACLE = fixtures_root() / "oracle" / "allocations.jsonl"
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -36,8 +38,11 @@ def _load_cases() -> list[dict]:
 
 
 CASES = _load_cases()
-_MISSING = pytest.mark.skip(reason=f"allocation oracle not found at {ORACLE} (the shared/ fixtures "
-                                   "folder must sit beside this checkout)")
+
+
+def _need_oracle(case) -> None:
+    if case is None:
+        missing(f"allocation oracle not found at {ORACLE}")
 
 
 def mqs(rows) -> list[MessageQueue]:
@@ -66,14 +71,14 @@ ORACLE_RESOLVER = 'brokerDeployIn = brokerName.split("@")[0]; consumerDeployIn =
 
 def _oracle_params():
     if not CASES:
-        return [pytest.param(None, None, id="oracle-missing", marks=_MISSING)]
+        return [pytest.param(None, None, id="oracle-missing")]
     return [pytest.param(case, key, id=f"case{case['case']}-{key}")
             for case in CASES for key in case["results"]]
 
 
 def _case_params():
     if not CASES:
-        return [pytest.param(None, id="oracle-missing", marks=_MISSING)]
+        return [pytest.param(None, id="oracle-missing")]
     return [pytest.param(case, id=f"case{case['case']}") for case in CASES]
 
 
@@ -83,6 +88,7 @@ def _case_params():
 
 @pytest.mark.parametrize("case, key", _oracle_params())
 def test_oracle_allocation(case, key):
+    _need_oracle(case)
     assert key in ORACLE_STRATEGIES, f"oracle strategy {key!r} has no builder in this test"
     assert case["config"]["machineRoomResolver"] == ORACLE_RESOLVER
     strategy = ORACLE_STRATEGIES[key](case["config"])
@@ -96,6 +102,7 @@ def test_oracle_allocation(case, key):
 
 @pytest.mark.parametrize("case", _case_params())
 def test_oracle_message_queue_string_and_order(case):
+    _need_oracle(case)
     mq_all = mqs(case["mqAll"])
     assert [str(mq) for mq in mq_all] == case["mqAllToString"]
     # RocketMQ's RebalanceImpl sorted both lists before allocating.
@@ -104,8 +111,7 @@ def test_oracle_message_queue_string_and_order(case):
 
 
 def test_oracle_covers_every_strategy():
-    if not CASES:
-        pytest.skip(f"allocation oracle not found at {ORACLE}")
+    _need_oracle(CASES or None)
     assert len(CASES) == 150
     assert {key for case in CASES for key in case["results"]} == set(ORACLE_STRATEGIES)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_FIXTURES, fixture_dir
+from conftest import fixture_dir, fixtures_root
 
 from rmq_source.group_membership import GroupMembership
 from rmq_source.locks import QueueLockManager
@@ -24,7 +24,7 @@ from rmq_source.locks import QueueLockManager
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_builder import build_store  # noqa: E402
 
-BASIC = SHARED_FIXTURES / "rocketmq-4.9.3" / "basic"
+BASIC = fixtures_root() / "rocketmq-4.9.3" / "basic"
 GROUP = "GroupOps"
 
 

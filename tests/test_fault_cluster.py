@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import missing, require
 from fault_helpers import procs
 from fault_helpers.payload import body_for, props_for, tags_for
 from rmq_source.writer import StoreWriter
@@ -33,11 +34,11 @@ QUEUES = 4
 
 
 def _spark_home(tmp_path: Path) -> Path:
-    pyspark = pytest.importorskip("pyspark")
+    pyspark = require("pyspark", "local-cluster needs pyspark")
     src = Path(pyspark.__file__).parent
     if not (src / "bin" / "spark-class").exists() or not (src / "jars").is_dir():
-        pytest.skip(f"pyspark at {src} has no bin/spark-class or jars/: local-cluster cannot "
-                    "launch executors")
+        missing(f"pyspark at {src} has no bin/spark-class or jars/: local-cluster cannot "
+                "launch executors")
     home = tmp_path / "spark_home"
     home.mkdir()
     for name in ("bin", "jars", "python", "sbin", "conf"):
@@ -73,7 +74,7 @@ def test_local_cluster_batch_and_stream(tmp_path):
     assert proc.returncode == 0 and out.exists(), proc.stderr[-5000:]
     result = json.loads(out.read_text())
     if "skip" in result:
-        pytest.skip(result["skip"])
+        missing(result["skip"])
     assert "error" not in result, result["error"]
     assert len(result["executors"]) == 2, result["executors"]
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+
+from conftest import missing, require
 
 FUZZ = Path(__file__).resolve().parent / "fuzz"
 REPO = FUZZ.parents[1]
@@ -95,7 +96,7 @@ def test_a_wrong_model_is_a_finding(monkeypatch, attr, wrong):
 
 def test_a_batch_left_allocated_is_a_finding(monkeypatch):
     if not hasattr(native, "live_batches"):
-        pytest.skip("this C core does not count its live batches")
+        missing("this C core does not count its live batches")
     kept = []
     real_scan = native.scan_queue
 
@@ -113,12 +114,8 @@ def test_a_batch_left_allocated_is_a_finding(monkeypatch):
 # -- bounded atheris runs under AddressSanitizer ------------------------------------------------
 
 def _need_fuzz_tools() -> None:
-    try:
-        import atheris  # noqa: F401
-    except ImportError:
-        pytest.skip("atheris is not installed (pip install atheris; it is a test dependency)")
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is needed to build the ASan variant of the C core")
+    require("atheris", "the bounded fuzz run needs atheris (a test dependency: pip install -e '.[test]')")
+    require("cmd:gcc", "gcc is needed to build the ASan variant of the C core")
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +140,7 @@ def test_bounded_fuzz_run_finds_nothing(fuzz_workdir):
                    timeout=2 * CI_SECONDS_PER_TARGET + 2 * 180 + 300)
     output = proc.stdout + proc.stderr
     if proc.returncode == 2 and "setup failed" in output:
-        pytest.skip("cannot build the fuzzing setup: " + output[-2000:])
+        missing("cannot build the fuzzing setup: " + output[-2000:])
     assert proc.returncode == 0, output[-12000:]
     results = json.loads((fuzz_workdir / "summary.json").read_text())
     assert [r["target"] for r in results] == ["record", "queue"]

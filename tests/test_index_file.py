@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_FIXTURES, fixture_dir
+from conftest import fixture_dir, fixtures_root
 
 from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
@@ -25,7 +25,7 @@ from rmq_source.store import Store
 from rmq_source.subscription import java_string_hash
 from rmq_source.writer import StoreWriter
 
-BASIC = SHARED_FIXTURES / "rocketmq-4.9.3" / "basic"
+BASIC = fixtures_root() / "rocketmq-4.9.3" / "basic"
 
 
 def _fixture() -> Path:

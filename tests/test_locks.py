@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock, QueueLockManager,
                               find_lock_overlaps, parse_queue_key, queue_key, read_history)
@@ -313,7 +314,7 @@ def test_assert_held_batch_names_the_first_queue_not_held(mgr, clock):
     (None, 0, "not locked by anyone"),
 ])
 def test_check_task_locks_guards_a_spark_partition(tmp_path, holder, age_ms, match):
-    pr = pytest.importorskip("rmq_source.partition_reader", reason="needs pyspark")
+    pr = require("rmq_source.partition_reader", "needs pyspark")
     from rmq_source.locks import check_task_locks
     clock = FakeClock(int(time.time() * 1000) - age_ms)  # the task itself uses the real clock
     mgr = QueueLockManager(tmp_path, GROUP, lease_ms=LEASE, clock=clock)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from conftest import SHARED_FIXTURES, fixture_dir
+from conftest import fixture_dir, fixtures_root, missing
 
 from rmq_source import native
 from rmq_source.subscription import Subscription
@@ -68,7 +68,7 @@ def fixture(version: str) -> Fixture:
 
 
 def _queue_ids(version: str) -> list[str]:
-    folder = SHARED_FIXTURES / version / "basic" / "queues.json"
+    folder = fixtures_root() / version / "basic" / "queues.json"
     if not folder.is_file():
         return ["absent"]
     data = json.loads(folder.read_text())
@@ -80,7 +80,7 @@ QUEUE_CASES = [(v, q) for v in VERSIONS for q in _queue_ids(v)]
 
 def _split_queue(qname: str) -> tuple[str, int]:
     if qname == "absent":
-        pytest.skip("fixture absent")
+        missing("reference fixture absent")
     topic, qid = qname.rsplit("/", 1)
     return topic, int(qid)
 
@@ -173,7 +173,7 @@ def test_store_timestamp_of_every_record(version):
 
 
 def _filter_cases(version: str) -> list:
-    path = SHARED_FIXTURES / version / "basic" / "filter.jsonl"
+    path = fixtures_root() / version / "basic" / "filter.jsonl"
     if not path.is_file():
         return [pytest.param(None, id="absent")]
     cases, seen = [], set()
@@ -198,7 +198,7 @@ def test_filter_fixture_has_cases(version):
 
 def _check_filter(version: str, row: dict) -> None:
     if row is None:
-        pytest.skip("fixture absent")
+        missing("reference fixture absent")
     fx = fixture(version)
     topic, qid = row["topic"], row["queueId"]
     start, stop = row["startOffset"], row["nextBeginOffset"]
@@ -252,7 +252,7 @@ def test_hash_collision_removed_only_by_exact_check():
 
 
 def _time_cases(version: str) -> list:
-    path = SHARED_FIXTURES / version / "basic" / "timestamps.jsonl"
+    path = fixtures_root() / version / "basic" / "timestamps.jsonl"
     if not path.is_file():
         return [pytest.param(None, id="absent")]
     return [pytest.param(r, id=f"{i}-{r['topic'][:12]}-{r['queueId']}-{r['kind']}")
@@ -262,7 +262,7 @@ def _time_cases(version: str) -> list:
 @pytest.mark.parametrize("row", _time_cases("rocketmq-5.3.3"))
 def test_lookup_time_matches_5_3_3_lower(row):
     if row is None:
-        pytest.skip("fixture absent")
+        missing("reference fixture absent")
     fx = fixture("rocketmq-5.3.3")
     info = next(q for q in fx.queues["queues"]
                 if q["topic"] == row["topic"] and q["queueId"] == row["queueId"])
@@ -275,7 +275,7 @@ def test_lookup_time_matches_5_3_3_lower(row):
 def test_lookup_time_4_9_3_first_at_or_after(row):
     """4.9.3 answers by file mtime and "closest" (§9.1); we check the LOWER rule on its data."""
     if row is None:
-        pytest.skip("fixture absent")
+        missing("reference fixture absent")
     fx = fixture("rocketmq-4.9.3")
     topic, qid, ts = row["topic"], row["queueId"], row["timestamp"]
     info = next(q for q in fx.queues["queues"] if q["topic"] == topic and q["queueId"] == qid)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fixture_dir, missing, require
 from rmq_source import native
 from rmq_source.errors import RmqCorruptStoreError
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rocketmq-4.9.3" / "basic"
 TOPIC, QID, TARGET = "TopicTest", 0, 100        # the damaged message: TopicTest/0 offset 100
 CL_SIZE, CQ_SIZE = 524288, 1280
 
@@ -68,14 +68,13 @@ class Damaged:
 
 @pytest.fixture
 def damaged(tmp_path) -> Damaged:
-    if not (FIXTURE / "manifest.jsonl").is_file():
-        pytest.skip(f"fixture {FIXTURE} is absent (expected the shared RocketMQ reference stores)")
-    store = FIXTURE / "store"
+    fixture = fixture_dir("rocketmq-4.9.3/basic")
+    store = fixture / "store"
     for sub in ("commitlog", f"consumequeue/{TOPIC}/{QID}"):
         (tmp_path / sub).mkdir(parents=True)
         for name in os.listdir(store / sub):
             shutil.copyfile(store / sub / name, tmp_path / sub / name)   # content, writable mode
-    with open(FIXTURE / "manifest.jsonl", encoding="utf-8") as fh:
+    with open(fixture / "manifest.jsonl", encoding="utf-8") as fh:
         row = next(r for r in map(json.loads, fh)
                    if (r["topic"], r["queueId"], r["queueOffset"]) == (TOPIC, QID, TARGET))
     props = len(row["propertiesRaw"].encode("utf-8"))
@@ -252,10 +251,13 @@ def _fuzz_store(root: Path) -> tuple[bytes, bytes]:
 
 try:
     from hypothesis import HealthCheck, given, settings, strategies as st
-except ImportError:  # pragma: no cover - hypothesis is a test dependency
+except ImportError:  # hypothesis is a test dependency: without it the test is still collected
     given = None
 
-if given is not None:
+if given is None:
+    def test_random_damage_never_crashes():
+        require("hypothesis", "the random damage test needs hypothesis (pip install -e '.[test]')")
+else:
     @settings(max_examples=int(os.environ.get("RMQ_FUZZ_EXAMPLES", "150")), deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(pokes=st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 255)), min_size=1,
@@ -307,16 +309,16 @@ def _libasan() -> str | None:
 
 @pytest.fixture(scope="session")
 def asan_build(tmp_path_factory):
+    require("cmd:gcc", "the ASan variant of the C core is built with gcc")
     lib = _libasan()
     if lib is None:
-        pytest.skip("cannot build the ASan variant: gcc or libasan.so not found "
-                    "(gcc -print-file-name=libasan.so)")
+        missing("cannot build the ASan variant: libasan.so not found (gcc -print-file-name=libasan.so)")
     out = tmp_path_factory.mktemp("asan")
     for extra in ([], ["--portable"]):
         proc = subprocess.run([sys.executable, str(REPO / "native" / "asan_build.py"), str(out),
                                *extra], capture_output=True, text=True, cwd=out)
         if proc.returncode != 0:
-            pytest.skip("cannot build the ASan variant of the C core: " + proc.stderr[-2000:])
+            missing("cannot build the ASan variant of the C core: " + proc.stderr[-2000:])
     return out, lib
 
 

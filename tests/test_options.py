@@ -8,9 +8,11 @@ import time
 
 import pytest
 
+from conftest import require
 from rmq_source.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.options import OPTION_DOCS, SourceOptions, options_markdown, parse_options
+from rmq_source.query import strategy_of
 
 MQ = MessageQueue
 NOW_MS = 1_700_000_000_123
@@ -382,7 +384,7 @@ def test_unknown_option_lists_every_valid_option(dirs):
 
 
 def test_spark_case_insensitive_dict(dirs):
-    datasource = pytest.importorskip("pyspark.sql.datasource")
+    datasource = require("pyspark.sql.datasource", "needs pyspark")
     raw = datasource.CaseInsensitiveDict({"storePath": dirs["A"], "TOPIC": "T", "maxOffsetsPerTrigger": "9"})
     opts = parse_options(raw, streaming=True)
     assert opts.topics == ("T",) and opts.max_messages_per_trigger == 9
@@ -459,9 +461,15 @@ def test_consume_timestamp_is_local_time(dirs, timezone, tz, expected_ms):
     (base(allocateStrategy="MACHINE_ROOM_NEARBY", nearbyInnerStrategy="CONSISTENT_HASH", virtualNodeCount="3"),
      "MACHINE_ROOM_NEARBY-CONSISTENT_HASH", lambda s: s.inner.virtual_node_count == 3),
     (base(allocateStrategy="CONSISTENT_HASH"), "CONSISTENT_HASH", lambda s: s.virtual_node_count == 10),
+    (base(allocateStrategy="CONSISTENT_HASH", virtualNodeCount="7"), "CONSISTENT_HASH",
+     lambda s: s.virtual_node_count == 7),
+    (base(allocateStrategy="AVG_BY_CIRCLE"), "AVG_BY_CIRCLE", None),
+    (base(allocateStrategy="MACHINE_ROOM_NEARBY", nearbyInnerStrategy="AVG"), "MACHINE_ROOM_NEARBY-AVG",
+     lambda s: s.inner.name == "AVG"),
 ])
-def test_make_allocation_strategy(dirs, options, name, check):
-    strategy = parse_options(fill(options, dirs), streaming=False).make_allocation_strategy()
+def test_strategy_of(dirs, options, name, check):
+    """query.strategy_of, the one place the batch and stream readers build their strategy."""
+    strategy = strategy_of(parse_options(fill(options, dirs), streaming=False))
     assert strategy.name == name
     assert check is None or check(strategy)
 
@@ -469,7 +477,7 @@ def test_make_allocation_strategy(dirs, options, name, check):
 def test_user_strategy_class_is_loaded_when_built(dirs):
     opts = parse_options(fill(base(allocateStrategy="no_such_module_xyz:Strategy"), dirs), streaming=False)
     with pytest.raises(RmqOptionError, match="no_such_module_xyz"):
-        opts.make_allocation_strategy()
+        strategy_of(opts)
 
 
 def test_options_markdown_lists_every_option():

@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from chispa import assert_df_equality
 
+from conftest import raises_rmq, require
+from rmq_source.errors import RmqOptionError, RmqUnknownTopicError
 from store_builder import build_store
+
+assert_df_equality = require("chispa", "the Spark batch tests compare DataFrames with chispa").assert_df_equality
 
 pytestmark = pytest.mark.spark
 
@@ -96,13 +99,14 @@ def test_rows_of_a_queue_come_in_offset_order(spark, stores):
         assert seq == sorted(seq) == list(range(len(seq)))
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(topic="TopicTest", maxMessagesPerTrigger="x"), "maxMessagesPerTrigger"),
-    (dict(topic="NoSuchTopic"), "NoSuchTopic"),
-    (dict(topic="TopicTest", allocateStrategy="NOPE"), "allocateStrategy"),
-    (dict(topic="TopicTest", startingOffsets="{bad json"), "startingOffsets"),
+@pytest.mark.parametrize("options, error, message", [
+    (dict(topic="TopicTest", maxMessagesPerTrigger="x"), RmqOptionError, "maxMessagesPerTrigger"),
+    (dict(topic="NoSuchTopic"), RmqUnknownTopicError, "NoSuchTopic"),
+    (dict(topic="TopicTest", allocateStrategy="NOPE"), RmqOptionError, "allocateStrategy"),
+    (dict(topic="TopicTest", startingOffsets="{bad json"), RmqOptionError, "startingOffsets"),
 ])
-def test_bad_options_fail_with_a_clear_error(spark, stores, options, message):
+def test_bad_options_fail_with_a_clear_error(spark, stores, options, error, message):
     path, _ = stores["a"]
-    with pytest.raises(Exception, match=message):
+    with raises_rmq(error, match=message) as exc:
         _read(spark, storePath=path, **options).count()
+    assert error.__name__ in exc.text, exc.text[-3000:]

@@ -2,9 +2,9 @@
 live appends, lag reporting, and consumer-group progress."""
 from __future__ import annotations
 
+import base64
 import json
 import shutil
-from collections import Counter
 import threading
 import time
 
@@ -36,13 +36,24 @@ def _run_available_now(spark, sink, chk, **options):
     return q
 
 
-def _sink_keys(spark, sink):
-    rows = spark.read.parquet(str(sink)).select("topic", "brokerName", "queueId", "queueOffset").collect()
-    return [(r.topic, r.brokerName, r.queueId, r.queueOffset) for r in rows]
+def _sink_rows(spark, sink):
+    """The sink's rows as sorted (topic, brokerName, queueId, queueOffset, body), duplicates kept."""
+    rows = (spark.read.parquet(str(sink))
+            .select("topic", "brokerName", "queueId", "queueOffset", "body").collect())
+    return sorted((r.topic, r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in rows)
 
 
-def _keys(written):
-    return sorted((w.topic, w.broker, w.queue_id, w.queue_offset) for w in written)
+def _rows(written):
+    return sorted((w.topic, w.broker, w.queue_id, w.queue_offset, bytes(w.body)) for w in written)
+
+
+def _max_offsets(written) -> dict:
+    """{topic: {broker: {queueId: next offset}}} of the written messages, as the source's offsets."""
+    out: dict = {}
+    for w in written:
+        queues = out.setdefault(w.topic, {}).setdefault(w.broker, {})
+        queues[str(w.queue_id)] = max(queues.get(str(w.queue_id), 0), w.queue_offset + 1)
+    return out
 
 
 def test_available_now_exactly_once_across_restarts_with_limits(spark, tmp_path):
@@ -59,9 +70,10 @@ def test_available_now_exactly_once_across_restarts_with_limits(spark, tmp_path)
 
     with StoreWriter(store) as w:
         written += append_messages(w, "TopicTest", 55, start_ts=1_700_000_900_000, seed=99)
-    _run_available_now(spark, sink, chk, **opts)
-    got = _sink_keys(spark, sink)
-    assert sorted(got) == _keys(written)  # every message exactly once
+    q = _run_available_now(spark, sink, chk, **opts)
+    assert _sink_rows(spark, sink) == _rows(written)  # every message exactly once, unchanged
+    last = [p for p in q.recentProgress if p["numInputRows"]][-1]["sources"][0]
+    assert json.loads(last["endOffset"]) == _max_offsets(written)
 
 
 def test_processing_time_trigger_while_the_writer_appends(spark, tmp_path):
@@ -94,9 +106,11 @@ def test_processing_time_trigger_while_the_writer_appends(spark, tmp_path):
     progress = q.recentProgress
     q.stop()
     assert all(p["numInputRows"] <= 40 for p in progress)
+    # lag is reported to the query progress: the store's max offsets, reached by the query
     src = progress[-1]["sources"][0]
-    assert src["latestOffset"] is not None  # lag is reported to the query progress
-    assert sorted(_sink_keys(spark, sink)) == _keys(written + more)
+    assert json.loads(src["latestOffset"]) == _max_offsets(written + more), src
+    assert json.loads(src["endOffset"]) == json.loads(src["latestOffset"]), src
+    assert _sink_rows(spark, sink) == _rows(written + more)
 
 
 @pytest.fixture()
@@ -108,6 +122,19 @@ def java_group_store(tmp_path):
     return dst
 
 
+def _fixture_rows(keep) -> list:
+    """Rows of TopicTest in the 4.9.3 fixture's manifest (RocketMQ's own decoding) that ``keep``
+    (queueId, queueOffset) selects, as _sink_rows gives them."""
+    manifest = fixture_dir("rocketmq-4.9.3/basic") / "manifest.jsonl"
+    rows = []
+    with open(manifest, encoding="utf-8") as fh:
+        for m in map(json.loads, fh):
+            if m["topic"] == "TopicTest" and keep(m["queueId"], m["queueOffset"]):
+                body = base64.b64decode(m.get("decompressedBody") or m["body"])
+                rows.append(("TopicTest", "broker-a", m["queueId"], m["queueOffset"], body))
+    return sorted(rows)
+
+
 def test_group_progress_resume_and_reset(spark, tmp_path, java_group_store):
     store = java_group_store
     broker_file = (store / "config" / "consumerOffset.json").read_bytes()
@@ -117,13 +144,11 @@ def test_group_progress_resume_and_reset(spark, tmp_path, java_group_store):
     # 1. A new query takes over the group where the Java consumers left it.
     sink1, chk1 = tmp_path / "sink1", tmp_path / "chk1"
     _run_available_now(spark, sink1, chk1, **opts)
-    got = _sink_keys(spark, sink1)
-    per_queue = Counter(q for (_, _, q, _) in got)
     with Store(store) as s:
         max_off = {q: s.max_offset("TopicTest", q) for q in range(4)}
-    assert dict(per_queue) == {q: max_off[q] - taken_over[q] for q in range(4) if max_off[q] > taken_over[q]}
-    for q in per_queue:
-        assert min(o for (_, _, qq, o) in got if qq == q) == taken_over[q]
+    assert any(max_off[q] > taken_over[q] for q in range(4)), (max_off, taken_over)
+    # exactly the messages after the group's offsets, as RocketMQ decodes them
+    assert _sink_rows(spark, sink1) == _fixture_rows(lambda q, o: taken_over[q] <= o < max_off[q])
     assert (store / "config" / "consumerOffset.json").read_bytes() == broker_file  # never written
 
     # 2. Spark committed: the group's progress is now the max offsets, in our offset store.
@@ -137,19 +162,19 @@ def test_group_progress_resume_and_reset(spark, tmp_path, java_group_store):
         new = append_messages(w, "TopicTest", 12, start_ts=1_795_300_000_000, seed=5)
     sink2, chk2 = tmp_path / "sink2", tmp_path / "chk2"
     _run_available_now(spark, sink2, chk2, **opts)
-    assert sorted(_sink_keys(spark, sink2)) == _keys(new)
+    assert _sink_rows(spark, sink2) == _rows(new)
 
     # 4. Reset by timestamp: a new query reads from the first message stored at/after T.
     sink3, chk3 = tmp_path / "sink3", tmp_path / "chk3"
     _run_available_now(spark, sink3, chk3, startingTimestamp=str(1_795_300_000_000), **opts)
-    assert sorted(_sink_keys(spark, sink3)) == _keys(new)
+    assert _sink_rows(spark, sink3) == _rows(new)
 
     # 5. Reset by explicit offsets wins over the group's progress.
     sink4, chk4 = tmp_path / "sink4", tmp_path / "chk4"
     start = {"TopicTest": {"broker-a": {str(q): max_off[q] - 1 for q in range(4)}}}
     _run_available_now(spark, sink4, chk4, startingOffsets=json.dumps(start), **opts)
-    got4 = _sink_keys(spark, sink4)
-    assert len(got4) == 4 + len(new)
+    assert _sink_rows(spark, sink4) == sorted(
+        _fixture_rows(lambda q, o: o == max_off[q] - 1) + _rows(new))
 
 
 def test_topic_pattern_picks_up_new_topics_and_queues_from_earliest(spark, tmp_path):
@@ -157,7 +182,8 @@ def test_topic_pattern_picks_up_new_topics_and_queues_from_earliest(spark, tmp_p
     written = build_store(store, topics=(("Ev_orders", 2, 40),))
     sink, chk = tmp_path / "sink", tmp_path / "chk"
     opts = dict(storePath=str(store), topicPattern=r"Ev_.*", startingOffsets="latest")
-    _run_available_now(spark, sink, chk, **opts)  # starts at latest: nothing yet
+    q = _run_available_now(spark, sink, chk, **opts)  # starts at latest: nothing yet
+    assert sum(p["numInputRows"] for p in q.recentProgress) == 0, q.recentProgress
     with StoreWriter(store) as w:
         w.create_topic("Ev_payments", 3)          # a new matching topic
         w.create_topic("Other", 1)                # not matching
@@ -166,6 +192,6 @@ def test_topic_pattern_picks_up_new_topics_and_queues_from_earliest(spark, tmp_p
         w.create_topic("Ev_orders", 3)            # a queue added to a known topic
         more = append_messages(w, "Ev_orders", 9, start_ts=1_700_000_950_000, seed=5)
     _run_available_now(spark, sink, chk, **opts)
-    assert sorted(_sink_keys(spark, sink)) == _keys(new + more)
-    assert any(w.queue_id == 2 for w in more)
-    assert written  # the first 40 were before the query's start (latest)
+    # the first 40 were before the query's start (latest): only the new messages, unchanged
+    assert _sink_rows(spark, sink) == _rows(new + more)
+    assert any(w.queue_id == 2 for w in more) and len(written) == 40

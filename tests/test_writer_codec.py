@@ -13,7 +13,7 @@ import pytest
 from conftest import fixture_dir
 
 from rmq_source import record_codec as rc
-from rmq_source.errors import RmqOptionError
+from rmq_source.errors import RmqCorruptStoreError, RmqOptionError
 
 
 # Worked example B.1 of the format doc, byte for byte.
@@ -65,8 +65,9 @@ def test_decode_record_inverts_encode():
 @pytest.mark.parametrize("cut", [0, 8, 50, 109])
 def test_decode_record_rejects_truncated_records(cut):
     data = B1[:cut] + bytes(0 if cut >= 8 else 8 - cut)
-    with pytest.raises(Exception):
+    with pytest.raises(RmqCorruptStoreError, match="at position 0") as exc:
         rc.decode_record(data, 0)
+    assert exc.value.position == 0
 
 
 def _fixture_records(version: str):

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_dir
+from conftest import fixture_dir, require
 
 from rmq_source import record_codec as rc
 from rmq_source.config_files import read_topics
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.writer import StoreWriter, delete_oldest_commitlog_files
 
-pytest.importorskip("rmq_source._native", reason="recovery needs the compiled C core (pip install -e .)")
+require("rmq_source._native", "recovery needs the compiled C core (pip install -e .)")
 
 CL = 4096
 UNITS = 8

@@ -10,13 +10,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+
+from conftest import require
+
+require("hypothesis", "the round-trip properties are hypothesis tests")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from rmq_source import record_codec as rc
 from rmq_source.writer import StoreWriter
 
-store_module = pytest.importorskip("rmq_source.store", reason="the reader is not available")
+store_module = require("rmq_source.store", "the reader is not available")
 Store = store_module.Store
 
 # text that a property string can carry: no separators, no lone surrogates

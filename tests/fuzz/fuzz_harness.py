@@ -21,6 +21,7 @@ mappings are dropped at the end of each input.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import ipaddress
 import os
@@ -48,8 +49,11 @@ TAG_POOL = ("TagA", "TagB", "Aa", "BB", "タグ")     # "Aa" and "BB" share hash
 MAX_CL_FILES = 8
 MAX_DERIVED_UNITS = 64
 DEFAULT_MAX_BYTES = 64 << 20
-FIXTURE_COMMITLOG = (Path(__file__).resolve().parents[3] / "shared" / "fixtures" /
-                     "rocketmq-4.9.3" / "basic" / "store" / "commitlog" / f"{0:020d}")
+# the first CommitLog file of the RocketMQ 4.9.3 reference store: from RMQ_FIXTURES (set by the
+# test session to the folder it uses), ../shared/fixtures, or the embedded copy of the fixtures
+FIXTURE_COMMITLOG_REL = f"rocketmq-4.9.3/basic/store/commitlog/{0:020d}"
+SHARED_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+EMBEDDED_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference.tar.xz"
 
 # flag bits of header byte 0
 F_VERIFY_CRC = 0x01
@@ -570,13 +574,29 @@ def crafted_records() -> dict[str, bytes]:
     return recs
 
 
-def fixture_records(limit: int = 4, max_size: int = 700) -> list[bytes]:
-    """A few small records of the RocketMQ 4.9.3 reference store, when it is present."""
+@functools.lru_cache(maxsize=None)
+def _fixture_commitlog_head(size: int) -> bytes:
+    roots = [SHARED_FIXTURES]
+    if os.environ.get("RMQ_FIXTURES", "") not in ("", "auto", "embedded"):
+        roots.insert(0, Path(os.environ["RMQ_FIXTURES"]))
+    for root in roots:
+        try:
+            with open(root / FIXTURE_COMMITLOG_REL, "rb") as fh:
+                return fh.read(size)
+        except OSError:
+            pass
     try:
-        with open(FIXTURE_COMMITLOG, "rb") as fh:
-            head = fh.read(1 << 16)
-    except OSError:
-        return []
+        import tarfile
+        with tarfile.open(EMBEDDED_FIXTURES, "r:xz") as tar:
+            member = tar.extractfile(FIXTURE_COMMITLOG_REL)
+            return member.read(size) if member is not None else b""
+    except (OSError, KeyError, tarfile.TarError):
+        return b""
+
+
+def fixture_records(limit: int = 4, max_size: int = 700) -> list[bytes]:
+    """A few small records of the RocketMQ 4.9.3 reference store (empty if it is absent)."""
+    head = _fixture_commitlog_head(1 << 16)
     out, pos = [], 0
     while pos + 8 <= len(head) and len(out) < limit:
         total, magic = struct.unpack_from(">iI", head, pos)

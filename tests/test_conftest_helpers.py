@@ -1,0 +1,80 @@
+"""conftest's prerequisite and error helpers: skip locally, fail under CI; Spark-wrapped errors."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import raises_rmq, require, strict
+from rmq_source.errors import RmqCorruptStoreError, RmqDataLossError, RmqSourceError
+
+
+@pytest.fixture
+def local(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("RMQ_REQUIRE_ALL_TESTS", raising=False)
+
+
+@pytest.mark.parametrize("what", ["no_such_module_xyz", "cmd:no-such-tool-xyz", None, 0])
+def test_a_missing_prerequisite_skips_locally(local, what):
+    assert not strict()
+    with pytest.raises(pytest.skip.Exception, match="needed here"):
+        require(what, "needed here")
+
+
+@pytest.mark.parametrize("env", [{"CI": "true"}, {"RMQ_REQUIRE_ALL_TESTS": "1"},
+                                 {"CI": "true", "RMQ_REQUIRE_ALL_TESTS": "yes"}])
+@pytest.mark.parametrize("what", ["no_such_module_xyz", "cmd:no-such-tool-xyz", None])
+def test_a_missing_prerequisite_fails_under_ci(local, monkeypatch, env, what):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert strict()
+    with pytest.raises(pytest.fail.Exception, match="needed here"):
+        require(what, "needed here")
+
+
+def test_require_all_tests_0_overrides_ci(local, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("RMQ_REQUIRE_ALL_TESTS", "0")
+    assert not strict()
+
+
+def test_a_present_prerequisite_is_returned(local):
+    assert require("json", "std").dumps([1]) == "[1]"
+    assert require("cmd:sh", "posix").endswith("/sh")
+    assert require(42, "a condition") == 42
+
+
+class _Wrapped(Exception):
+    """Stands for a Spark error that carries a Python task's traceback as text."""
+
+
+_Wrapped.__module__ = "pyspark.errors.exceptions.captured"
+
+
+def test_raises_rmq_takes_the_class_or_a_spark_error_naming_it():
+    with raises_rmq(RmqDataLossError, match=r"\[2, 5\)") as info:
+        raise RmqDataLossError("offsets [2, 5) (3 messages)")
+    assert isinstance(info.value, RmqDataLossError)
+    with raises_rmq(RmqSourceError) as info:           # a subclass, wrapped
+        raise _Wrapped("rmq_source.errors.RmqDataLossError: offsets [2, 5)")
+    assert "RmqDataLossError" in info.text
+
+
+@pytest.mark.parametrize("error", [
+    _Wrapped("rmq_source.errors.RmqCorruptStoreError: BAD_MAGIC"),    # Spark, another class
+    RuntimeError("RmqDataLossError, but not from Spark"),
+    RmqCorruptStoreError("bad"),
+], ids=["spark-other-class", "not-spark", "other-class"])
+def test_raises_rmq_lets_other_errors_through(error):
+    with pytest.raises(type(error)) as outer:
+        with raises_rmq(RmqDataLossError):
+            raise error
+    assert outer.value is error
+
+
+def test_raises_rmq_fails_when_nothing_is_raised_or_the_text_differs():
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        with raises_rmq(RmqDataLossError):
+            pass
+    with pytest.raises(pytest.fail.Exception, match="does not match"):
+        with raises_rmq(RmqDataLossError, match="queue 7"):
+            raise RmqDataLossError("queue 3")
