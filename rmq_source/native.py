@@ -47,12 +47,17 @@ else:
 
 __all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
            "ScanResult", "scan_queue", "lookup_time", "live_batches", "NATIVE_SCHEMA", "C_SCHEMA",
-           "CQ_UNIT_SIZE"]
+           "CQ_UNIT_SIZE", "MAX_BATCH_BYTES", "MAX_QUEUE_OFFSET"]
 
 CQ_UNIT_SIZE = 20
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
-_MAX_QUEUE_OFFSET = INT64_MAX // CQ_UNIT_SIZE
+#: Largest queue offset: the ConsumeQueue byte address ``offset * 20`` must fit in an int64.
+MAX_QUEUE_OFFSET = INT64_MAX // CQ_UNIT_SIZE
+_MAX_QUEUE_OFFSET = MAX_QUEUE_OFFSET
+#: Largest ``max_bytes`` of a scan (``rmq_scan_args.max_bytes``): a batch's string and binary
+#: columns use Arrow's int32 offsets. The batchBytes option is checked against this value.
+MAX_BATCH_BYTES = INT32_MAX
 
 #: The 19 columns a scan returns: ARROW_SCHEMA without topic and brokerName, same order.
 NATIVE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in ("topic", "brokerName")])
@@ -369,7 +374,7 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     if end < start:
         raise RmqOptionError(f"end ({end}) must be >= start ({start})")
     _check_int("max_rows", max_rows, 1)
-    _check_int("max_bytes", max_bytes, 1, INT32_MAX)
+    _check_int("max_bytes", max_bytes, 1, MAX_BATCH_BYTES)
     if tags is not None and codes is None:
         raise RmqOptionError("tags needs codes (the tag hash codes of the same subscription)")
     if (topic is None) != (queue_id is None):
