@@ -46,7 +46,8 @@ else:
             "`python setup.py build_ext --inplace`) in the project root") from exc
 
 __all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
-           "ScanResult", "scan_queue", "lookup_time", "live_batches", "NATIVE_SCHEMA", "C_SCHEMA",
+           "ScanResult", "scan_queue", "lookup_time", "live_batches", "buffer_bytes_taken",
+           "NATIVE_SCHEMA", "C_SCHEMA",
            "CQ_UNIT_SIZE", "MAX_BATCH_BYTES", "MAX_QUEUE_OFFSET"]
 
 CQ_UNIT_SIZE = 20
@@ -434,6 +435,13 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
 def live_batches() -> int:
     """C batches allocated and not yet freed (a leak check: 0 once every batch is dropped)."""
     return int(lib.rmq_live_batches())
+
+
+def buffer_bytes_taken() -> int:
+    """Bytes of batch buffers the C core has taken so far (pooled or allocated), cumulative: a
+    check that scans size their buffers from the records they read, never from a ConsumeQueue
+    unit's size alone."""
+    return int(lib.rmq_buffer_bytes_taken())
 
 
 def lookup_time(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int,
