@@ -1662,17 +1662,23 @@ static inline const rmq_segment *cl_seg(scanner *sc, const rmq_files *cl, int64_
  * to is mapped, lies inside its file and starts with that TOTALSIZE and a message MAGIC; else 0
  * (the decode then reports what is wrong with it). A ConsumeQueue unit is only a claim: a damaged
  * size must not make the scan allocate up to max_bytes before any record is checked, so buffers
- * are sized from what the CommitLog holds. */
-static inline int64_t unit_bytes_checked(const rmq_files *cl, int64_t phy, int32_t size) {
-    if (size < 8) return 0;
-    const rmq_segment *s = files_seg(cl, phy, NULL);
-    if (!s) return 0;
+ * are sized from what the CommitLog holds. `*segp` caches the CommitLog file of the last call
+ * (NULL at first): consecutive units mostly point into the same file. */
+static inline int64_t unit_bytes_checked(const rmq_files *cl, int64_t phy, int32_t size,
+                                         const rmq_segment **segp) {
+    const rmq_segment *s = *segp;
+    if (!s || (uint64_t)(phy - s->file_start) >= (uint64_t)cl->file_size) {
+        s = files_seg(cl, phy, NULL);
+        if (!s) return 0;
+        *segp = s;
+    }
     int64_t pos = phy - s->file_start;
-    if (pos < 0 || size > s->size - pos) return 0;
+    if (size < 8 || size > s->size - pos) return 0;
     const uint8_t *p = s->base + pos;
+    /* branch-free: the loads may all be in flight at once */
     uint32_t magic = be32(p + 4);
-    if (rd_i32(p) != size || (magic != MAGIC_V1 && magic != MAGIC_V2)) return 0;
-    return size;
+    int ok = (rd_i32(p) == size) & ((magic == MAGIC_V1) | (magic == MAGIC_V2));
+    return ok ? size : 0;
 }
 
 /* Ask for the cache lines of the record a unit points to: its header (fields read one after
@@ -2608,9 +2614,10 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
             match[k++] = n++;
         }
         /* the matches' records are decoded next: read their headers now (sizing from them) */
+        const rmq_segment *clseg = NULL;
         for (int64_t j = 0; j < k && bytes < a->max_bytes; j++) {
             const uint8_t *u = UNIT_AT(match[j]);
-            bytes += unit_bytes_checked(cl, rd_i64(u), rd_i32(u + 8));
+            bytes += unit_bytes_checked(cl, rd_i64(u), rd_i32(u + 8), &clseg);
         }
         if (k > 0) {
             int64_t rows = k;
@@ -2674,9 +2681,11 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
  * agrees (unit_bytes_checked). */
 static void plan_unfiltered(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *a,
                             int64_t *rows_out, int64_t *bytes_out) {
-    int64_t n = a->start, bytes = 0, limit = a->end;
+    int64_t n = a->start, claimed = 0, bytes = 0, limit = a->end;
+    int32_t seen = 0; /* the size of the last record whose unit was checked */
+    const rmq_segment *clseg = NULL;
     if (limit - n > a->max_rows) limit = n + a->max_rows;
-    while (n < limit && bytes < a->max_bytes) {
+    while (n < limit && claimed < a->max_bytes) {
         unit u;
         const rmq_segment *seg = NULL;
         int64_t pos = 0;
@@ -2684,10 +2693,21 @@ static void plan_unfiltered(const rmq_files *cl, const rmq_files *cq, const rmq_
         int64_t stop = n + (seg->size - pos) / CQ_UNIT;
         if (stop > limit) stop = limit;
         const uint8_t *up = seg->base + pos;
-        for (; n < stop && bytes < a->max_bytes; n++, up += CQ_UNIT) {
+        /* the units decide how far to look (as the scan will), the records what counts */
+        for (; n < stop && claimed < a->max_bytes; n++, up += CQ_UNIT) {
             int32_t size = rd_i32(up + 8);
             if ((up[0] & 0x80) || size <= 0) goto done;
-            if (size != PREBLANK_SIZE) bytes += unit_bytes_checked(cl, rd_i64(up), size);
+            if (size == PREBLANK_SIZE) continue;
+            claimed += size;
+            /* a size a record of this scan already showed needs no second look: the reservation
+             * stays within the units that exist times a size read from a record */
+            if (size == seen) {
+                bytes += size;
+                continue;
+            }
+            int64_t got = unit_bytes_checked(cl, rd_i64(up), size, &clseg);
+            if (got) seen = size;
+            bytes += got;
         }
     }
 done:
