@@ -170,17 +170,6 @@ def test_spark_tasks_fail_when_a_planned_queue_is_deleted(spark, two_brokers):
             "of the planned range [0, 10) cannot be read") in text
 
 
-@pytest.mark.spark
-def test_spark_reads_what_is_left_without_fail_on_data_loss(spark, two_brokers):
-    a, b = two_brokers
-    df = (spark.read.format("rmq").option("brokers", f"brokerA={a},brokerB={b}")
-          .option("topic", TOPIC).option("failOnDataLoss", "false").load())
-    rdd = df.select("brokerName", "queueId", "queueOffset").rdd
-    _cut_queue(b, 1, 4)
-    seen = {tuple(r) for r in rdd.collect()}
-    assert seen == _all() - {("brokerB", 1, o) for o in range(4, 10)}
-
-
 # ---------------------------------------------------------------------------------- item 8
 
 @pytest.mark.parametrize("extra", [
