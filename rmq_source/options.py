@@ -132,7 +132,10 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "numPartitions": ("one per queue", "Consumer slots, i.e. Spark tasks per (micro-)batch."),
     "orderly": ("true", "true: a queue is read by one task in offset order; false: ranges may split."),
     "minPartitions": ("none", "orderly=false only: split large ranges to reach at least this many tasks."),
-    "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention (else skip them)."),
+    "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention, or are gone "
+                               "when a task reads its planned range (a queue's ConsumeQueue "
+                               "removed or shorter than planned, a store removed); false: skip "
+                               "them with a warning giving the range and count."),
     "offsetStorePath": (f"<first store root>/{DEFAULT_OFFSET_STORE_DIRNAME}",
                         "With consumerGroup: where the group's committed offsets live "
                         "(<offsetStorePath>/<brokerName>/consumerOffset.json). Never inside a "
