@@ -69,9 +69,11 @@
  *    "shape", props_tpl), and usually the same layout, is matched rather than parsed; other rows
  *    are split in one SIMD pass that also tells whether they are ASCII (non-ASCII text gets the
  *    full UTF-8 validator); map entries are appended as they are found;
- *  - output: buffers are sized ahead (from the ConsumeQueue unit sizes, then from the first row),
- *    so a row does one capacity check for its body and one for all short strings; the
- *    row-indexed columns are staged 16 rows at a time and written as whole cache lines, and in a
+ *  - output: buffers are sized ahead (from the ConsumeQueue unit sizes that the records they
+ *    point to confirm - a unit's size alone never sizes a buffer, see unit_bytes_checked - then
+ *    from the first row), so a row does one capacity check for its body and one for all short
+ *    strings; the row-indexed columns are staged 16 rows at a time and written as whole cache
+ *    lines, and in a
  *    big batch the body column and those lines go out with streaming stores (no read of the
  *    destination lines first); the short-string buffers are prefetched for writing;
  *  - the CommitLog record of a unit is prefetched a few units ahead;
@@ -945,6 +947,7 @@ static struct { uint8_t *data; int64_t cap; } pool[POOL_SLOTS];
 static int pool_n;
 static int64_t pool_bytes;
 static int64_t live_batches; /* atomic: batches allocated and not yet freed */
+static int64_t buffer_bytes; /* atomic: bytes of batch buffers ever taken (pool or allocator) */
 
 /* A pooled buffer of at least `need` bytes and at most twice that (best fit), or NULL. */
 static uint8_t *pool_take(int64_t need, int64_t *cap_out) {
@@ -1005,6 +1008,7 @@ static int buf_grow_keep(rmq_buf *b, int64_t need, int64_t keep) {
         if (posix_memalign(&v, ALIGN, (size_t)(cap + skew)) != 0) return RMQ_E_NOMEM;
         m = (uint8_t *)v;
     }
+    __atomic_add_fetch(&buffer_bytes, cap + skew, __ATOMIC_RELAXED);
     if (keep > 0) memcpy(m + skew, b->data, (size_t)keep);
     pool_put(b->mem, b->cap + b->skew);
     b->mem = m;
@@ -1038,6 +1042,8 @@ void rmq_batch_free(rmq_batch *batch) {
 }
 
 int64_t rmq_live_batches(void) { return __atomic_load_n(&live_batches, __ATOMIC_RELAXED); }
+
+int64_t rmq_buffer_bytes_taken(void) { return __atomic_load_n(&buffer_bytes, __ATOMIC_RELAXED); }
 
 /* Width in bytes of the per-row element of each buffer (offset arrays have rows + 1 entries),
  * 0 for data buffers, -1 for validity bitmaps. */
@@ -1650,6 +1656,29 @@ static inline const rmq_segment *cl_seg(scanner *sc, const rmq_files *cl, int64_
         sc->cl_span = cl->file_size;
     }
     return s;
+}
+
+/* The bytes a unit's size may reserve ahead of the decode: its size when the record it points
+ * to is mapped, lies inside its file and starts with that TOTALSIZE and a message MAGIC; else 0
+ * (the decode then reports what is wrong with it). A ConsumeQueue unit is only a claim: a damaged
+ * size must not make the scan allocate up to max_bytes before any record is checked, so buffers
+ * are sized from what the CommitLog holds. `*segp` caches the CommitLog file of the last call
+ * (NULL at first): consecutive units mostly point into the same file. */
+static inline int64_t unit_bytes_checked(const rmq_files *cl, int64_t phy, int32_t size,
+                                         const rmq_segment **segp) {
+    const rmq_segment *s = *segp;
+    if (!s || (uint64_t)(phy - s->file_start) >= (uint64_t)cl->file_size) {
+        s = files_seg(cl, phy, NULL);
+        if (!s) return 0;
+        *segp = s;
+    }
+    int64_t pos = phy - s->file_start;
+    if (size < 8 || size > s->size - pos) return 0;
+    const uint8_t *p = s->base + pos;
+    /* branch-free: the loads may all be in flight at once */
+    uint32_t magic = be32(p + 4);
+    int ok = (rd_i32(p) == size) & ((magic == MAGIC_V1) | (magic == MAGIC_V2));
+    return ok ? size : 0;
 }
 
 /* Ask for the cache lines of the record a unit points to: its header (fields read one after
@@ -2583,7 +2612,12 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
                 }
             }
             match[k++] = n++;
-            bytes += size;
+        }
+        /* the matches' records are decoded next: read their headers now (sizing from them) */
+        const rmq_segment *clseg = NULL;
+        for (int64_t j = 0; j < k && bytes < a->max_bytes; j++) {
+            const uint8_t *u = UNIT_AT(match[j]);
+            bytes += unit_bytes_checked(cl, rd_i64(u), rd_i32(u + 8), &clseg);
         }
         if (k > 0) {
             int64_t rows = k;
@@ -2643,12 +2677,15 @@ static int run_filtered(scanner *sc, const rmq_files *cl, const rmq_segment *cse
 }
 
 /* Unfiltered scans: rows and CommitLog bytes ahead (units up to the first unwritten one,
- * max_rows and max_bytes), to size the batch once. */
-static void plan_unfiltered(const rmq_files *cq, const rmq_scan_args *a, int64_t *rows_out,
-                            int64_t *bytes_out) {
-    int64_t n = a->start, bytes = 0, limit = a->end;
+ * max_rows and max_bytes), to size the batch once; a unit's bytes count only when its record
+ * agrees (unit_bytes_checked). */
+static void plan_unfiltered(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *a,
+                            int64_t *rows_out, int64_t *bytes_out) {
+    int64_t n = a->start, claimed = 0, bytes = 0, limit = a->end;
+    int32_t seen = 0; /* the size of the last record whose unit was checked */
+    const rmq_segment *clseg = NULL;
     if (limit - n > a->max_rows) limit = n + a->max_rows;
-    while (n < limit && bytes < a->max_bytes) {
+    while (n < limit && claimed < a->max_bytes) {
         unit u;
         const rmq_segment *seg = NULL;
         int64_t pos = 0;
@@ -2656,10 +2693,21 @@ static void plan_unfiltered(const rmq_files *cq, const rmq_scan_args *a, int64_t
         int64_t stop = n + (seg->size - pos) / CQ_UNIT;
         if (stop > limit) stop = limit;
         const uint8_t *up = seg->base + pos;
-        for (; n < stop && bytes < a->max_bytes; n++, up += CQ_UNIT) {
+        /* the units decide how far to look (as the scan will), the records what counts */
+        for (; n < stop && claimed < a->max_bytes; n++, up += CQ_UNIT) {
             int32_t size = rd_i32(up + 8);
             if ((up[0] & 0x80) || size <= 0) goto done;
-            if (size != PREBLANK_SIZE) bytes += size;
+            if (size == PREBLANK_SIZE) continue;
+            claimed += size;
+            /* a size a record of this scan already showed needs no second look: the reservation
+             * stays within the units that exist times a size read from a record */
+            if (size == seen) {
+                bytes += size;
+                continue;
+            }
+            int64_t got = unit_bytes_checked(cl, rd_i64(up), size, &clseg);
+            if (got) seen = size;
+            bytes += got;
         }
     }
 done:
@@ -2682,11 +2730,12 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         (a->check_queue && (!a->topic || a->topic_len < 1)))
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad scan arguments");
 
-    /* Size the batch up front from the CQ unit sizes (an upper bound of the body bytes) so the
-     * buffers are not regrown; a filtered scan sizes it per run of collected matches. */
+    /* Size the batch up front from the CQ unit sizes (an upper bound of the body bytes) that the
+     * records confirm, so the buffers are not regrown; a filtered scan sizes it per run of
+     * collected matches. */
     int64_t hint_rows = 64, hint_bytes = 0;
     if (!a->filter) {
-        plan_unfiltered(cq, a, &hint_rows, &hint_bytes);
+        plan_unfiltered(cl, cq, a, &hint_rows, &hint_bytes);
         if (hint_rows < 64) hint_rows = 64;
     }
     scanner sc;

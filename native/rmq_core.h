@@ -187,6 +187,9 @@ int rmq_batch_export(rmq_batch *batch, struct ArrowArray *out);
 int rmq_schema_export(struct ArrowSchema *out);
 /* Batches allocated and not yet freed (released), pooled buffers aside: a leak check. */
 int64_t rmq_live_batches(void);
+/* Bytes of batch buffers ever taken (from the pool or the allocator): a check that a scan sizes
+ * its buffers from what it reads, not from what ConsumeQueue units claim. */
+int64_t rmq_buffer_bytes_taken(void);
 const char *rmq_code_name(int code);
 /* CDEF END */
 

@@ -241,6 +241,22 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_group_offset(offset: int, path: str | os.PathLike, key: str, qid: Any) -> int:
+    """A committed group offset read from ``path`` must be a queue offset that can exist.
+
+    Queue offsets are 0 or more and a unit's ConsumeQueue address (``offset * 20``) is a 64-bit
+    integer, so anything outside ``[0, MAX_QUEUE_OFFSET]`` is damage or a foreign tool's value:
+    :class:`RmqConfigFileError` names the file, the entry and the valid range (instead of a later
+    "beyond the queue's max offset" that blames the queue).
+    """
+    from .native import MAX_QUEUE_OFFSET
+    if not 0 <= offset <= MAX_QUEUE_OFFSET:
+        raise RmqConfigFileError(
+            f"{path}: {key!r} queue {qid} has offset {offset}, which is not a queue offset: "
+            f"expected an integer in [0, {MAX_QUEUE_OFFSET}] (the next queue offset to consume)")
+    return offset
+
+
 def read_consumer_offsets(store_root: str | os.PathLike) -> dict[tuple[str, str], dict[int, int]]:
     """Consumer offsets of ``<store_root>/config/consumerOffset.json`` (§10.1).
 
@@ -277,6 +293,7 @@ def read_consumer_offsets(store_root: str | os.PathLike) -> dict[tuple[str, str]
             if not _is_int(qid) or not _is_int(offset):
                 raise RmqConfigFileError(f"{path}: {key!r} has entry {qid!r}: {offset!r}, "
                                          "expected integer queue id and offset")
+            check_group_offset(offset, path, key, qid)
             offsets[qid] = offset
         result[(topic, group)] = offsets
     return result

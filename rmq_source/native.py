@@ -46,13 +46,19 @@ else:
             "`python setup.py build_ext --inplace`) in the project root") from exc
 
 __all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
-           "ScanResult", "scan_queue", "lookup_time", "live_batches", "NATIVE_SCHEMA", "C_SCHEMA",
-           "CQ_UNIT_SIZE"]
+           "ScanResult", "scan_queue", "lookup_time", "live_batches", "buffer_bytes_taken",
+           "NATIVE_SCHEMA", "C_SCHEMA",
+           "CQ_UNIT_SIZE", "MAX_BATCH_BYTES", "MAX_QUEUE_OFFSET"]
 
 CQ_UNIT_SIZE = 20
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
-_MAX_QUEUE_OFFSET = INT64_MAX // CQ_UNIT_SIZE
+#: Largest queue offset: the ConsumeQueue byte address ``offset * 20`` must fit in an int64.
+MAX_QUEUE_OFFSET = INT64_MAX // CQ_UNIT_SIZE
+_MAX_QUEUE_OFFSET = MAX_QUEUE_OFFSET
+#: Largest ``max_bytes`` of a scan (``rmq_scan_args.max_bytes``): a batch's string and binary
+#: columns use Arrow's int32 offsets. The batchBytes option is checked against this value.
+MAX_BATCH_BYTES = INT32_MAX
 
 #: The 19 columns a scan returns: ARROW_SCHEMA without topic and brokerName, same order.
 NATIVE_SCHEMA = pa.schema([f for f in ARROW_SCHEMA if f.name not in ("topic", "brokerName")])
@@ -369,7 +375,7 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     if end < start:
         raise RmqOptionError(f"end ({end}) must be >= start ({start})")
     _check_int("max_rows", max_rows, 1)
-    _check_int("max_bytes", max_bytes, 1, INT32_MAX)
+    _check_int("max_bytes", max_bytes, 1, MAX_BATCH_BYTES)
     if tags is not None and codes is None:
         raise RmqOptionError("tags needs codes (the tag hash codes of the same subscription)")
     if (topic is None) != (queue_id is None):
@@ -429,6 +435,13 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
 def live_batches() -> int:
     """C batches allocated and not yet freed (a leak check: 0 once every batch is dropped)."""
     return int(lib.rmq_live_batches())
+
+
+def buffer_bytes_taken() -> int:
+    """Bytes of batch buffers the C core has taken so far (pooled or allocated), cumulative: a
+    check that scans size their buffers from the records they read, never from a ConsumeQueue
+    unit's size alone."""
+    return int(lib.rmq_buffer_bytes_taken())
 
 
 def lookup_time(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int,

@@ -46,8 +46,8 @@ import threading
 from typing import Any, Iterable, Mapping
 
 from .allocation import MessageQueue
-from .config_files import (TOPIC_GROUP_SEPARATOR, dump_fastjson, load_config_json,
-                           read_consumer_offsets, write_config_atomic)
+from .config_files import (TOPIC_GROUP_SEPARATOR, check_group_offset, dump_fastjson,
+                           load_config_json, read_consumer_offsets, write_config_atomic)
 from . import nofollow
 from .errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError, RmqSourceError
 from .statefile import check_group, file_lock
@@ -205,7 +205,7 @@ class GroupOffsetStore:
                     or not isinstance(offset, int)):
                 raise RmqConfigFileError(f"{path}: '{topic}@{self.group}' has entry {qid!r}: "
                                          f"{offset!r}; expected integer queue id and offset")
-            items[qid] = offset
+            items[qid] = check_group_offset(offset, path, f"{topic}@{self.group}", qid)
         return items
 
     def _broker_offsets(self, broker_name: str) -> dict[tuple[str, int], int]:

@@ -41,6 +41,7 @@ from typing import Any, Mapping
 
 from .allocation import MessageQueue
 from .errors import RmqOptionError, RmqStoreLayoutError
+from .native import MAX_BATCH_BYTES, MAX_QUEUE_OFFSET
 from .offset_store import BROKER_NAME_RE, check_offset_store_path
 from .statefile import check_group
 from .subscription import Subscription
@@ -131,7 +132,10 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "numPartitions": ("one per queue", "Consumer slots, i.e. Spark tasks per (micro-)batch."),
     "orderly": ("true", "true: a queue is read by one task in offset order; false: ranges may split."),
     "minPartitions": ("none", "orderly=false only: split large ranges to reach at least this many tasks."),
-    "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention (else skip them)."),
+    "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention, or are gone "
+                               "when a task reads its planned range (a queue's ConsumeQueue "
+                               "removed or shorter than planned, a store removed); false: skip "
+                               "them with a warning giving the range and count."),
     "offsetStorePath": (f"<first store root>/{DEFAULT_OFFSET_STORE_DIRNAME}",
                         "With consumerGroup: where the group's committed offsets live "
                         "(<offsetStorePath>/<brokerName>/consumerOffset.json). Never inside a "
@@ -146,7 +150,8 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                  "its machine room. Characters [A-Za-z0-9_.:@#%|-]."),
     "verifyCrc": ("false", "Verify each record's BODYCRC while reading."),
     "batchRows": ("65536", "Most rows per Arrow batch."),
-    "batchBytes": (str(64 << 20), "Most body bytes per Arrow batch (at least one row is always read)."),
+    "batchBytes": (str(64 << 20), "Most body bytes per Arrow batch (at least one row is always read); "
+                                  f"at most {MAX_BATCH_BYTES} (2^31-1, the C core's limit)."),
 }
 
 _ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
@@ -262,7 +267,10 @@ def _duration_ms(name: str, value: str) -> int:
     if not m or int(m.group(1)) == 0:
         raise _fail(name, value, "expected a positive duration: an integer with unit ms, s, m, h "
                                  "or d (e.g. 500ms, 30s, 15m, 1h)")
-    return int(m.group(1)) * _DURATION_MS[m.group(2)]
+    ms = int(m.group(1)) * _DURATION_MS[m.group(2)]
+    if ms > INT64_MAX:
+        raise _fail(name, value, f"expected a positive duration of at most {INT64_MAX} ms")
+    return ms
 
 
 def _comma_list(name: str, value: str, *, pattern: re.Pattern | None, what: str) -> tuple[str, ...]:
@@ -363,8 +371,12 @@ def _parse_offsets_json(name: str, value: str, brokers: Mapping[str, str], *, al
                 if offset == JSON_LATEST and not allow_latest:
                     raise _fail(name, value, f"offset -1 (latest) of {topic}/{broker}/{qid_text} is "
                                              f"not allowed here; {valid}")
-                if not lowest <= offset <= INT64_MAX:
+                if offset < lowest:
                     raise _fail(name, value, f"offset {offset} of {topic}/{broker}/{qid_text}; {valid}")
+                if offset > MAX_QUEUE_OFFSET:
+                    raise _fail(name, value, f"offset {offset} of {topic}/{broker}/{qid_text} is above "
+                                             f"the largest queue offset {MAX_QUEUE_OFFSET} (a unit's "
+                                             "ConsumeQueue address, offset * 20, is a 64-bit integer)")
                 mq = MessageQueue(topic, broker, int(qid_text))
                 if mq in out:
                     raise _fail(name, value, f"queue {topic}/{broker}/{int(qid_text)} is listed twice")
@@ -740,7 +752,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     verify_crc = _bool("verifyCrc", opts["verifyCrc"]) if "verifyCrc" in opts else False
     batch_rows = _int("batchRows", opts["batchRows"], minimum=1, maximum=(1 << 31) - 1) \
         if "batchRows" in opts else 65536
-    batch_bytes = _int("batchBytes", opts["batchBytes"], minimum=1) if "batchBytes" in opts else 64 << 20
+    # the C core's limit (Arrow int32 offsets): checked here, once, not in every task
+    batch_bytes = (_int("batchBytes", opts["batchBytes"], minimum=1, maximum=MAX_BATCH_BYTES)
+                   if "batchBytes" in opts else 64 << 20)
 
     return SourceOptions(
         streaming=streaming, brokers=brokers, topics=topics, topic_pattern=topic_pattern,

@@ -6,6 +6,7 @@ on driver state, so tasks run the same in separate executor processes.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -14,7 +15,7 @@ from pyspark.sql.datasource import InputPartition
 
 from .allocation import MessageQueue
 from .catalog import open_store
-from .errors import RmqDataLossError
+from .errors import RmqDataLossError, RmqStoreLayoutError
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +68,34 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
         from .locks import check_task_locks
         check_task_locks(part)
     for r in part.ranges:
-        store = open_store(r.store_path, r.broker_name)
-
-        def on_loss(first_lost: int, readable: int, r: RangeSpec = r) -> None:
-            msg = (f"{MessageQueue(r.topic, r.broker_name, r.queue_id)}: offsets [{first_lost}, "
-                   f"{readable}) ({readable - first_lost} messages) were deleted by retention after "
-                   "the batch was planned")
+        def lost(first: int, until: int, why: str, r: RangeSpec = r) -> None:
+            msg = (f"{MessageQueue(r.topic, r.broker_name, r.queue_id)}: offsets [{first}, "
+                   f"{until}) ({until - first} messages) of the planned range [{r.start}, {r.end}) "
+                   f"cannot be read: {why}")
             if part.fail_on_data_loss:
                 raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip them")
-            log.warning("%s; skipped (failOnDataLoss=false)", msg)
+            log.warning("%s; skipped %d messages (failOnDataLoss=false)", msg, until - first)
 
+        if r.start >= r.end:
+            continue
+        try:
+            store = open_store(r.store_path, r.broker_name)
+        except RmqStoreLayoutError:
+            if os.path.isdir(r.store_path):
+                raise
+            # the broker's store was removed after the driver planned the batch
+            lost(r.start, r.end, f"the store root {r.store_path} of broker {r.broker_name!r} no "
+                                 "longer exists")
+            continue
+        # A task reaches the end it was planned with, or says what it could not read: retention
+        # (on_data_loss) and a queue shorter than planned or gone (on_short_read).
         yield from store.iter_batches(
             r.topic, r.queue_id, r.start, r.end, subscription=part.sub_expression,
             batch_rows=part.batch_rows, batch_bytes=part.batch_bytes,
-            verify_crc=part.verify_crc, on_data_loss=on_loss)
+            verify_crc=part.verify_crc,
+            on_data_loss=lambda first, readable, lost=lost: lost(
+                first, readable, "deleted by retention after the batch was planned"),
+            on_short_read=lost)
 
 
 def build_partitions(tasks, opts, catalog, lock: LockSpec | None = None) -> list[RmqInputPartition]:

@@ -41,6 +41,9 @@ _LISTING_ATTEMPTS = 5
 #: Called with (first_lost_offset, first_readable_offset) when retention removed messages of a
 #: range being read; without a callback the read raises :class:`RmqDataLossError`.
 DataLossCallback = Callable[[int, int], None]
+#: Called with (first_unread_offset, end, reason) when a range that must be read to its end
+#: (a planned one) cannot be: the queue holds fewer units than the range needs.
+ShortReadCallback = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,19 @@ class Store:
         self._segments: dict[str, dict[str, native.Segment]] = {}   # folder -> path -> mapping
         self._lock = threading.RLock()
 
+    def _check_root(self) -> None:
+        """An empty listing is normal for a folder (a queue without messages), not for a store
+        whose root has gone: that is said, naming the path, rather than read as empty queues."""
+        if not os.path.isdir(self.root):
+            raise RmqStoreLayoutError(
+                f"store root {self.root!r} of broker {self.broker_name!r} no longer exists (removed "
+                "or unmounted after it was opened); expected the broker's storePathRootDir "
+                "(holding commitlog/, consumequeue/, config/)")
+        if not os.path.isdir(os.path.join(self.root, "commitlog")):
+            raise RmqStoreLayoutError(
+                f"store root {self.root!r} of broker {self.broker_name!r} no longer has a "
+                "commitlog/ folder (removed after the store was opened)")
+
     # -- mapped files -------------------------------------------------------------------------
     def _segment(self, folder: str, path: str, start: int) -> native.Segment:
         """A mapping of ``path``, re-made when the file changed size or was replaced."""
@@ -189,6 +205,8 @@ class Store:
         with self._lock:
             segs, size = self._segments_of(os.path.join(self.root, "commitlog"), self._cl_file_size,
                                            "CommitLog")
+            if not segs:
+                self._check_root()
             if size and self._cl_file_size is None:
                 self._cl_file_size = size
             return native.CommitLog(segs, size or 1)
@@ -202,6 +220,8 @@ class Store:
         with self._lock:
             segs, size = self._segments_of(self._queue_dir(topic, queue_id), self._cq_file_size,
                                            f"ConsumeQueue {topic}/{queue_id}")
+            if not segs:
+                self._check_root()
             if size and self._cq_file_size is None and len(segs) > 1:
                 self._cq_file_size = size
             if size % CQ_UNIT_SIZE:
@@ -216,6 +236,7 @@ class Store:
 
     def topics(self) -> list[str]:
         """Topics that have ConsumeQueue folders or are configured in ``config/topics.json``."""
+        self._check_root()
         found = set()
         cq_root = os.path.join(self.root, "consumequeue")
         if os.path.isdir(cq_root):
@@ -229,6 +250,7 @@ class Store:
         A configured queue that never received a message has no folder (the broker creates it with
         its first unit); it is listed with min = max = 0.
         """
+        self._check_root()
         ids: set[int] = set()
         folder = os.path.join(self.root, "consumequeue", topic)
         if os.path.isdir(folder):
@@ -298,13 +320,21 @@ class Store:
                      subscription: str | Subscription | None = "*",
                      batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
                      verify_crc: bool = False,
-                     on_data_loss: DataLossCallback | None = None) -> Iterator[pa.RecordBatch]:
+                     on_data_loss: DataLossCallback | None = None,
+                     on_short_read: ShortReadCallback | None = None) -> Iterator[pa.RecordBatch]:
         """Yield the messages of queue offsets ``[start, end)`` that match ``subscription``.
 
-        Rows come in ascending queue offset, bodies decompressed, with the full row schema. The
-        range stops early at the first unit not yet written (a live queue). When retention deleted
-        part of the range, ``on_data_loss(first_lost, first_readable)`` is called and reading goes
-        on from ``first_readable``; without a callback :class:`RmqDataLossError` is raised.
+        Rows come in ascending queue offset, bodies decompressed, with the full row schema. When
+        retention deleted part of the range, ``on_data_loss(first_lost, first_readable)`` is
+        called and reading goes on from ``first_readable``; without a callback
+        :class:`RmqDataLossError` is raised.
+
+        Without ``on_short_read`` the range stops early at the first unit not yet written (a live
+        queue; a queue without a ConsumeQueue folder has none). With it, the range is one that was
+        planned below the queue's max offset, so every unit of it was written: when the queue ends
+        before ``end`` (its ConsumeQueue folder was removed, it holds fewer units than planned, or
+        the store root was removed) ``on_short_read(first_unread, end, reason)`` is called and the
+        read stops; nothing is skipped without that call.
         """
         _check_offset("start", start)
         _check_offset("end", end)
@@ -317,13 +347,24 @@ class Store:
         tags = None if sub.sub_all else sub.tags
         pos = start
         while pos < end:
-            segs, cq_size = self._cq(topic, queue_id)
-            if not segs:
+            try:
+                segs, cq_size = self._cq(topic, queue_id)
+                if not segs:
+                    if on_short_read is not None:
+                        on_short_read(pos, end, f"its ConsumeQueue folder "
+                                      f"{self._queue_dir(topic, queue_id)} no longer exists or has "
+                                      "no files (the topic or queue was deleted)")
+                    return
+                # Units are written after their record: every unit below this end points into a
+                # CommitLog file that already exists when the CommitLog is listed next.
+                written = self._max_of(segs)
+                cl = self.commitlog()
+            except RmqStoreLayoutError:
+                if on_short_read is None or os.path.isdir(os.path.join(self.root, "commitlog")):
+                    raise
+                on_short_read(pos, end, f"the store root {self.root} of broker "
+                              f"{self.broker_name!r} no longer exists (or lost its commitlog/)")
                 return
-            # Units are written after their record: every unit below this end points into a
-            # CommitLog file that already exists when the CommitLog is listed next.
-            written = self._max_of(segs)
-            cl = self.commitlog()
             min_off = self._min_offset(segs, cl.min_offset)
             if pos < min_off:
                 # report everything lost from pos (the callback's contract), read on from min
@@ -332,6 +373,9 @@ class Store:
                 continue
             stop = min(end, written)
             if pos >= stop:
+                if on_short_read is not None and written < end:
+                    on_short_read(pos, end, f"its ConsumeQueue ends at offset {written}, before the "
+                                  f"planned end {end} (the queue was truncated or recreated)")
                 return
             res = native.scan_queue(cl, segs, cq_size, pos, stop, codes=codes, tags=tags,
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc,
@@ -350,8 +394,9 @@ class Store:
                 # unwritten: an invalid one before it is damage, not the live edge
                 raise self._bad_unit(topic, queue_id, segs, res.next_offset,
                                      "is not a valid unit although later units are")
-            if res.next_offset <= pos:
-                return
+            if res.next_offset <= pos:   # every status above moves on; never stop silently
+                raise AssertionError(f"scan of {topic}/{queue_id} made no progress at offset {pos} "
+                                     f"(status {res.status})")
             pos = res.next_offset
 
     @staticmethod

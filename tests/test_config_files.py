@@ -175,6 +175,13 @@ def test_empty_main_and_no_bak_is_empty_like_the_broker(tmp_path):
     ('{"offsetTable":{"T@G":{0:"x"}}}', "integer"),
     ('{"offsetTable":{"T@G":{"q":1}}}', "queue id"),
     ('{"offsetTable":{"T@G":5}}', "not an object"),
+    # offsets that no queue can have: named with the file, the entry and the valid range
+    ('{"offsetTable":{"T@G":{0:%d}}}' % 2 ** 70, r"consumerOffset\.json: 'T@G' queue 0 has offset "
+     r"1180591620717411303424, which is not a queue offset: expected an integer in \[0, "
+     r"461168601842738790\]"),
+    ('{"offsetTable":{"T@G":{3:%d}}}' % (2 ** 63 - 1), r"queue 3 has offset 9223372036854775807"),
+    ('{"offsetTable":{"T@G":{0:%d}}}' % ((2 ** 63 - 1) // 20 + 1), "not a queue offset"),
+    ('{"offsetTable":{"T@G":{0:-5}}}', r"queue 0 has offset -5, which is not a queue offset"),
 ])
 def test_malformed_offset_tables_are_errors(tmp_path, content, fragment):
     (tmp_path / "config").mkdir()

@@ -150,6 +150,7 @@ VALID = [
     ("clientId", True, base(clientId="room1@etl-job:1"), {"client_id": "room1@etl-job:1"}),
     ("verifyCrc", False, base(verifyCrc="true"), {"verify_crc": True}),
     ("batch-bounds", False, base(batchRows="100", batchBytes="1024"), {"batch_rows": 100, "batch_bytes": 1024}),
+    ("batchBytes-C-limit", False, base(batchBytes=str((1 << 31) - 1)), {"batch_bytes": (1 << 31) - 1}),
 ]
 
 
@@ -347,6 +348,20 @@ INVALID = [
     ("verifyCrc-bad", False, base(verifyCrc="on"), "verifyCrc", "expected true or false"),
     ("batchRows-zero", False, base(batchRows="0"), "batchRows", "integer in [1"),
     ("batchBytes-units", False, base(batchBytes="64MiB"), "batchBytes", "'64MiB'"),
+    # numeric limits are the real ones, checked once on the driver (not in every task)
+    ("batchBytes-above-C-limit", False, base(batchBytes="3000000000"), "batchBytes",
+     "integer in [1, 2147483647]"),
+    ("batchBytes-just-above-C-limit", True, base(batchBytes=str(1 << 31)), "batchBytes",
+     "integer in [1, 2147483647]"),
+    ("startingOffsets-above-max-queue-offset", False,
+     base(startingOffsets='{"T":{"broker-a":{"0":%d}}}' % (2 ** 70)), "startingOffsets",
+     "above the largest queue offset 461168601842738790"),
+    ("endingOffsets-above-max-queue-offset", False,
+     base(endingOffsets='{"T":{"broker-a":{"0":%d}}}' % (((1 << 63) - 1) // 20 + 1)), "endingOffsets",
+     "above the largest queue offset 461168601842738790"),
+    ("maxTriggerDelay-overflow", True,
+     base(minMessagesPerTrigger="1", maxTriggerDelay="%dd" % (2 ** 63)), "maxTriggerDelay",
+     "at most 9223372036854775807 ms"),
 ]
 
 
