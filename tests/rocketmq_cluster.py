@@ -410,3 +410,87 @@ class Broker(JavaServer):
 
 def java_class_path(jars: Path) -> str:
     return f"{jars}/*"
+
+
+class Cluster:
+    """A NameServer and ``len(broker_names)`` brokers of one version, under ``workdir``.
+
+    ``wait_registered`` polls GET_BROKER_CLUSTER_INFO through rmq_source's own remoting client until
+    every broker is listed. ``stop()`` stops every JVM started (brokers first).
+    """
+
+    def __init__(self, version: str, jars: Path, workdir: Path, *, broker_names=("broker-a",),
+                 cluster: str = "DefaultCluster"):
+        self.version = version
+        self.jars = Path(jars)
+        self.workdir = Path(workdir)
+        self.cluster_name = cluster
+        self.namesrv = NameServer(version, jars, self.workdir / "namesrv")
+        self.brokers: dict[str, Broker] = {}
+        self._broker_names = tuple(broker_names)
+        self.started: list[JavaServer] = []
+
+    @property
+    def namesrv_addr(self) -> str:
+        return self.namesrv.addr
+
+    def start(self) -> "Cluster":
+        try:
+            self.namesrv.start()
+            self.started.append(self.namesrv)
+            for name in self._broker_names:
+                self.start_broker(name)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_broker(self, name: str, *, store: Path | None = None, workdir: Path | None = None,
+                     timeout: float = 90.0, **kw) -> Broker:
+        """Start (or restart, on the same port and store) broker ``name``; waits for registration."""
+        old = self.brokers.get(name)
+        if old is not None and old.alive():
+            raise RuntimeError(f"broker {name} is running")
+        if old is not None and store is None and workdir is None:
+            broker = old                      # restart on the same port and store
+        else:
+            broker = Broker(self.version, self.jars, workdir or self.workdir / f"{name}-{len(self.started)}",
+                            namesrv=self.namesrv.addr, name=name, cluster=self.cluster_name,
+                            store=store, **kw)
+        self.brokers[name] = broker
+        broker.start(timeout)
+        if broker not in self.started:
+            self.started.append(broker)
+        self.wait_registered(name, broker.addr, timeout=timeout)
+        return broker
+
+    def wait_registered(self, name: str, addr: str, timeout: float = 60.0) -> None:
+        from rmq_source.remote import RemotingClient
+        from rmq_source.remote import requests as rq
+        deadline = time.monotonic() + timeout
+        last = None
+        with RemotingClient(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    info = rq.cluster_info(client, self.namesrv.addr)
+                    if info.master_addr(name) == addr:
+                        return
+                    last = info
+                except Exception as exc:       # noqa: BLE001 - retried until the deadline
+                    last = exc
+                time.sleep(0.2)
+        raise ServerError(f"broker {name} at {addr} not in the NameServer's cluster info after "
+                          f"{timeout:.0f} s (last: {last!r}):\n{self.log_tails()}")
+
+    def stop_broker(self, name: str) -> int | None:
+        return self.brokers[name].stop()
+
+    def stop(self) -> None:
+        for server in reversed(self.started):
+            server.stop()
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(s.log_tails(lines) for s in [self.namesrv, *self.brokers.values()])
+
+    def alive(self) -> bool:
+        return self.namesrv.alive() and all(b.alive() for b in self.brokers.values())
