@@ -1,0 +1,160 @@
+"""Stores crossing between rmq_source and real RocketMQ brokers (4.9.x and 5.3.x).
+
+1. A store written by our writer (several CommitLog files, compressed bodies, IPv6 hosts, keys,
+   properties; and one topic written by ``rmq-store generate``) is started under a real broker: every
+   message pulled through the broker equals what our reader reads; the broker then takes new messages
+   after ours, and our reader reads both once it stopped.
+2. Messages sent to a real broker by our remoting client are read by ``Store`` from the broker's store
+   folder while it runs (a prefix: dispatch may lag) and after it stops, equal to the broker's pull.
+"""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+
+import rocketmq_cluster as rc_cluster
+from rmq_source import record_codec
+from rmq_source.bodies import decompress_body
+from rmq_source.remote import RemotingClient
+from rmq_source.remote import requests as rq
+from rmq_source.store import Store
+from rmq_source.writer import StoreWriter
+
+pytestmark = pytest.mark.broker
+
+
+def pull_all(client, addr, topic, queue_id, start=0):
+    out, offset = [], start
+    while True:
+        r = rq.pull(client, addr, "cmp_" + topic, topic, queue_id, offset, max_nums=32)
+        if not r.found:
+            assert r.code == rq.PULL_NOT_FOUND or r.next_begin_offset == offset, (r.code, r.remark)
+            return out
+        recs = r.records()
+        assert recs and recs[0].queue_offset == offset
+        out += recs
+        offset = r.next_begin_offset
+
+
+def store_rows(store_root, broker_name, topic, queue_id):
+    with Store(store_root, broker_name=broker_name) as st:
+        end = st.max_offset(topic, queue_id)
+        return st.read(topic, queue_id, st.min_offset(topic, queue_id), end).to_pylist()
+
+
+def assert_same(rows, recs):
+    """Rows of our reader equal the broker's pulled records, field by field."""
+    assert [r["queueOffset"] for r in rows] == [p.queue_offset for p in recs]
+    for row, rec in zip(rows, recs):
+        where = f"queue offset {rec.queue_offset}"
+        assert row["commitLogOffset"] == rec.physical_offset, where
+        assert row["storeSize"] == rec.total_size, where
+        assert row["msgId"] == record_codec.offset_msg_id(rec.store_host, rec.physical_offset), where
+        assert row["uniqKey"] == rec.properties.get("UNIQ_KEY"), where
+        assert row["tags"] == rec.properties.get("TAGS"), where
+        assert (row["keys"] or []) == (rec.properties.get("KEYS", "").split() or []), where
+        assert dict(row["properties"]) == rec.properties, where
+        assert row["body"] == decompress_body(rec.body, rec.sys_flag), where
+        assert row["sysFlag"] == rec.sys_flag and row["flag"] == rec.flag, where
+        assert row["bodyCRC"] == rec.body_crc, where
+        assert row["storeHost"] == record_codec.java_host_string(rec.store_host), where
+        assert row["bornHost"] == record_codec.java_host_string(rec.born_host), where
+
+
+def write_store(root, style):
+    """Our writer's store: topic W (2 queues) over several CommitLog files, plus topic G by the CLI."""
+    rnd = random.Random(7)
+    expected = []
+    with StoreWriter(root, broker_name="broker-w", commitlog_file_size=rc_cluster.COMMITLOG_SIZE,
+                     cq_units_per_file=rc_cluster.CQ_UNITS, properties_style=style) as w:
+        w.create_topic("W", 2)
+        for i in range(600):
+            body = bytes(rnd.getrandbits(8) for _ in range(64)) * (200 + i % 50)
+            opts = {}
+            if i % 3 == 0:
+                opts["compression"] = "zlib"
+            if i % 5 == 0:
+                opts["born_host"] = "[::1]:40001"
+            if i % 7 == 0:
+                opts["store_host"] = "[::1]:10911"
+            res = w.append("W", body, queue_id=i % 2, tags=f"T{i % 4}", keys=[f"k{i}", "all"],
+                           properties={"n": str(i), "p": "v\u00e9"}, flag=i, **opts)
+            expected.append(res)
+        w.append_batch("W", [b"batch-%d" % j for j in range(5)], queue_id=0, tags="B", keys="bk")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(rc_cluster.Path(__file__).parents[1]),
+                                                                  os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, "-m", "rmq_source", "generate", "--topic", "G", "--queues", "3",
+                    "--messages", "300", "--body-size", "500", "--tags", "a,b,c", "--keys-per-message", "2",
+                    "--broker-name", "broker-w", "--no-progress", "--seed", "3", str(root)],
+                   check=True, env=env, capture_output=True, timeout=120)
+    return expected
+
+
+def test_our_store_served_by_real_broker(rocketmq, tmp_path):
+    style = "4.9.3" if rocketmq.version.startswith("4.") else "5.3.3"
+    root = tmp_path / "store"
+    write_store(root, style)
+    files = sorted(os.listdir(root / "commitlog"))
+    assert len(files) >= 3, files
+    before = {(t, q): store_rows(root, "broker-w", t, q) for t, qs in (("W", 2), ("G", 3)) for q in range(qs)}
+
+    broker = rocketmq.start_broker("broker-w", store=root, workdir=tmp_path / "broker-w")
+    try:
+        with RemotingClient(timeout=15) as client:
+            for (topic, q), rows in before.items():
+                assert rq.max_offset(client, broker.addr, topic, q) == len(rows)
+                assert_same(rows, pull_all(client, broker.addr, topic, q))
+            # the broker takes new messages after ours, on the same queues
+            sent = [rq.send_message(client, broker.addr, "W", b"new-%d" % i, queue_id=i % 2, tags="N",
+                                    keys=["nk"], properties={"after": "ours"}, compress=i == 3)
+                    for i in range(6)]
+            assert [s.queue_offset for s in sent[:2]] == [len(before["W", 0]), len(before["W", 1])]
+            pulled = {q: pull_all(client, broker.addr, "W", q) for q in range(2)}
+    finally:
+        rocketmq.stop_broker("broker-w")
+    assert not (root / "abort").exists()
+    for q in range(2):
+        rows = store_rows(root, "broker-w", "W", q)
+        assert len(rows) == len(before["W", q]) + 3
+        assert rows[:len(before["W", q])] == before["W", q]
+        assert_same(rows, pulled[q])
+        assert [r["body"] for r in rows[-3:]] == [b"new-%d" % i for i in range(q, 6, 2)]
+
+
+def test_broker_store_read_by_us(rocketmq, tmp_path):
+    broker = rocketmq.start_broker("broker-c", workdir=tmp_path / "broker-c")
+    root = broker.store
+    topic = "S"
+    try:
+        with RemotingClient(timeout=15) as client:
+            rq.create_topic(client, broker.addr, topic, read_queues=2)
+            rnd = random.Random(5)
+            for i in range(40):
+                rq.send_message(client, broker.addr, topic, bytes(rnd.getrandbits(8) for _ in range(300)) * (1 + i),
+                                queue_id=i % 2, tags=f"t{i % 3}", keys=[f"k{i}"],
+                                properties={"i": str(i)}, compress=i % 4 == 0, flag=i)
+            rq.send_batch(client, broker.addr, topic, [{"body": b"b%d" % j, "tags": "bt", "keys": f"bk{j}",
+                                                        "properties": {"j": str(j)}} for j in range(7)],
+                          queue_id=1)
+            pulled = {q: pull_all(client, broker.addr, topic, q) for q in range(2)}
+            assert [len(pulled[0]), len(pulled[1])] == [20, 27]
+            # live: what our reader sees while the broker runs is a prefix of the pull
+            deadline = time.monotonic() + 20
+            for q in range(2):
+                while True:
+                    rows = store_rows(root, "broker-c", topic, q)
+                    assert_same(rows, pulled[q][:len(rows)])
+                    if len(rows) == len(pulled[q]) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.3)
+                assert len(rows) == len(pulled[q])
+    finally:
+        rocketmq.stop_broker("broker-c")
+    for q in range(2):
+        assert_same(store_rows(root, "broker-c", topic, q), pulled[q])
