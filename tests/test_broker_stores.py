@@ -127,6 +127,59 @@ def test_our_store_served_by_real_broker(rocketmq, tmp_path):
         assert [r["body"] for r in rows[-3:]] == [b"new-%d" % i for i in range(q, 6, 2)]
 
 
+JAVA_PRODUCER = r"""
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.MessageQueueSelector;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageQueue;
+
+public class Produce {
+    public static void main(String[] args) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("java_producer");
+        p.setNamesrvAddr(args[0]);
+        p.setInstanceName("rmq-test-" + System.nanoTime());
+        p.start();
+        int n = Integer.parseInt(args[2]);
+        MessageQueueSelector byKey = (List<MessageQueue> mqs, Message m, Object arg) ->
+            mqs.get(((Integer) arg) % mqs.size());
+        for (int i = 0; i < n; i++) {
+            StringBuilder b = new StringBuilder();
+            int reps = i % 3 == 0 ? 900 : 3;          // > 4 KiB: the client compresses the body
+            for (int r = 0; r < reps; r++) b.append("java-").append(i).append('-');
+            Message m = new Message(args[1], "jt" + (i % 2), "jk" + i + " jall",
+                                    b.toString().getBytes(StandardCharsets.UTF_8));
+            m.putUserProperty("ji", Integer.toString(i));
+            SendResult r = i % 2 == 0 ? p.send(m, byKey, i / 2) : p.send(m);
+            System.out.println("SENT " + r.getMessageQueue().getQueueId() + " " + r.getQueueOffset()
+                               + " " + r.getMsgId() + " " + r.getOffsetMsgId());
+        }
+        p.shutdown();
+    }
+}
+"""
+
+
+def run_java_producer(rocketmq, workdir, topic, count):
+    """Compile and run a few lines of Java with the real client; returns its SENT lines."""
+    if rc_cluster.shutil.which("javac") is None:
+        pytest.skip("the Java producer test needs a JDK 17 (javac)")
+    src = workdir / "java"
+    src.mkdir()
+    (src / "Produce.java").write_text(JAVA_PRODUCER)
+    cp = rc_cluster.java_class_path(rocketmq.jars)
+    subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "Produce.java")], check=True,
+                   capture_output=True, timeout=180)
+    out = subprocess.run(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
+                          f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
+                          "-cp", f"{src}:{cp}", "Produce", rocketmq.namesrv_addr, topic, str(count)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("SENT ")]
+
+
 def test_broker_store_read_by_us(rocketmq, tmp_path):
     broker = rocketmq.start_broker("broker-c", workdir=tmp_path / "broker-c")
     root = broker.store
@@ -154,7 +207,28 @@ def test_broker_store_read_by_us(rocketmq, tmp_path):
                         break
                     time.sleep(0.3)
                 assert len(rows) == len(pulled[q])
+            # the real Java producer: tags, keys, user properties, bodies it compresses, a queue selector
+            rq.create_topic(client, broker.addr, "J", read_queues=3)
+            while not rq.topic_route(client, rocketmq.namesrv_addr, "J").queue_datas:
+                time.sleep(0.2)
+            sent = run_java_producer(rocketmq, tmp_path, "J", 12)
+            assert len(sent) == 12
+            java_pulled = {q: pull_all(client, broker.addr, "J", q) for q in range(3)}
+            by_uniq = {r.properties["UNIQ_KEY"]: r for recs in java_pulled.values() for r in recs}
+            for i, (queue_id, offset, uniq, offset_id) in enumerate(sent):
+                rec = by_uniq[uniq]
+                assert (rec.queue_id, rec.queue_offset) == (int(queue_id), int(offset))
+                assert record_codec.offset_msg_id(rec.store_host, rec.physical_offset) == offset_id
+                if i % 2 == 0:
+                    assert rec.queue_id == (i // 2) % 3
+                assert rec.properties["TAGS"] == f"jt{i % 2}" and rec.properties["KEYS"] == f"jk{i} jall"
+                assert rec.properties["ji"] == str(i)
+                assert bool(rec.sys_flag & 1) == (i % 3 == 0)
+                reps = 900 if i % 3 == 0 else 3
+                assert decompress_body(rec.body, rec.sys_flag) == (f"java-{i}-" * reps).encode()
     finally:
         rocketmq.stop_broker("broker-c")
     for q in range(2):
         assert_same(store_rows(root, "broker-c", topic, q), pulled[q])
+    for q in range(3):
+        assert_same(store_rows(root, "broker-c", "J", q), java_pulled[q])
