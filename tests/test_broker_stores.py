@@ -161,23 +161,63 @@ public class Produce {
 }
 """
 
+JAVA_CONSUMER = r"""
+import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
+import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.client.impl.consumer.DefaultMQPullConsumerImpl;
+import org.apache.rocketmq.common.message.MessageQueue;
 
-def run_java_producer(rocketmq, workdir, topic, count):
-    """Compile and run a few lines of Java with the real client; returns its SENT lines."""
+public class Consume {
+    public static void main(String[] args) throws Exception {
+        DefaultMQPullConsumer c = new DefaultMQPullConsumer(args[2]);
+        c.setNamesrvAddr(args[0]);
+        c.setInstanceName("rmq-test-" + System.nanoTime());
+        c.start();
+        java.lang.reflect.Field f = DefaultMQPullConsumer.class.getDeclaredField("defaultMQPullConsumerImpl");
+        f.setAccessible(true);
+        DefaultMQPullConsumerImpl impl = (DefaultMQPullConsumerImpl) f.get(c);
+        for (MessageQueue mq : c.fetchSubscribeMessageQueues(args[1])) {
+            PullResult r = c.pull(mq, "*", 0, 32);
+            long commit = Math.min(r.getNextBeginOffset(), 1 + mq.getQueueId());
+            c.updateConsumeOffset(mq, commit);
+            // a pull consumer persists only rebalanced queues at shutdown: commit to the broker now
+            impl.getOffsetStore().updateConsumeOffsetToBroker(mq, commit, false);
+            System.out.println("COMMIT " + mq.getQueueId() + " " + commit + " " + r.getPullStatus());
+        }
+        c.shutdown();
+    }
+}
+"""
+
+
+def run_java(rocketmq, workdir, main, *args):
+    """Compile (once) and run a few lines of Java with the real client; returns its stdout lines."""
     if rc_cluster.shutil.which("javac") is None:
-        pytest.skip("the Java producer test needs a JDK 17 (javac)")
+        rocketmq_skip("the Java client tests need a JDK 17 (javac)")
     src = workdir / "java"
-    src.mkdir()
-    (src / "Produce.java").write_text(JAVA_PRODUCER)
     cp = rc_cluster.java_class_path(rocketmq.jars)
-    subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "Produce.java")], check=True,
-                   capture_output=True, timeout=180)
+    if not src.is_dir():
+        src.mkdir()
+        (src / "Produce.java").write_text(JAVA_PRODUCER)
+        (src / "Consume.java").write_text(JAVA_CONSUMER)
+        subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "Produce.java"),
+                        str(src / "Consume.java")], check=True, capture_output=True, timeout=180)
     out = subprocess.run(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
                           f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
-                          "-cp", f"{src}:{cp}", "Produce", rocketmq.namesrv_addr, topic, str(count)],
+                          "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    return [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("SENT ")]
+    return out.stdout.splitlines()
+
+
+def rocketmq_skip(reason):
+    from conftest import broker_unavailable
+    broker_unavailable(reason)
+
+
+def run_java_producer(rocketmq, workdir, topic, count):
+    lines = run_java(rocketmq, workdir, "Produce", topic, str(count))
+    return [line.split()[1:] for line in lines if line.startswith("SENT ")]
 
 
 def test_broker_store_read_by_us(rocketmq, tmp_path):
@@ -226,9 +266,17 @@ def test_broker_store_read_by_us(rocketmq, tmp_path):
                 assert bool(rec.sys_flag & 1) == (i % 3 == 0)
                 reps = 900 if i % 3 == 0 else 3
                 assert decompress_body(rec.body, rec.sys_flag) == (f"java-{i}-" * reps).encode()
+            # a real Java consumer group commits offsets; the broker persists consumerOffset.json
+            commits = {int(q): int(o) for _, q, o, _ in (line.split() for line in
+                       run_java(rocketmq, tmp_path, "Consume", "J", "java_group") if line.startswith("COMMIT "))}
+            assert commits == {0: 1, 1: 2, 2: 3}
+            for q, o in commits.items():
+                assert rq.query_consumer_offset(client, broker.addr, "java_group", "J", q) == o
     finally:
         rocketmq.stop_broker("broker-c")
     for q in range(2):
         assert_same(store_rows(root, "broker-c", topic, q), pulled[q])
     for q in range(3):
         assert_same(store_rows(root, "broker-c", "J", q), java_pulled[q])
+    with Store(root, broker_name="broker-c") as st:
+        assert st.consumer_offsets()[("J", "java_group")] == commits
