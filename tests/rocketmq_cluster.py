@@ -12,6 +12,7 @@ Usable without pytest (bench/): ``resolve_jars("4.9.8")``, ``NameServer(...)``, 
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -123,6 +124,9 @@ def resolve_line(line: str) -> tuple[str, Path]:
     A version that failed to resolve is remembered (``rocketmq-<version>.unavailable`` in the cache) for a
     day, so later runs do not ask Maven again.
     """
+    why = tool_missing()
+    if why:                      # cached jars are no use without a JVM
+        raise BrokerUnavailable(why)
     candidates = LINES[line]
     for version in candidates:
         folder = cache_root() / f"rocketmq-{version}"
@@ -191,6 +195,16 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+_running: set["JavaServer"] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """No JVM outlives the Python process that started it (an interrupted session, a bench crash)."""
+    for server in list(_running):
+        server.stop(timeout=10)
+
+
 class JavaServer:
     """One RocketMQ JVM: started in its own process group, stopped with SIGTERM then SIGKILL."""
 
@@ -246,6 +260,7 @@ class JavaServer:
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.java_env(), cwd=self.workdir, start_new_session=True)
         out.close()
+        _running.add(self)
         self._wait_boot(timeout)
         return self
 
@@ -274,6 +289,7 @@ class JavaServer:
         proc = self.proc
         if proc is None:
             return None
+        _running.discard(self)
         if proc.poll() is None:
             try:
                 proc.send_signal(signal.SIGTERM)
