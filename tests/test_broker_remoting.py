@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from rmq_source.errors import RmqBrokerError
-from rmq_source.remote import RemotingClient
+from rmq_source.remote import Connection, RemotingClient
 from rmq_source.remote import frames
 from rmq_source.remote import requests as rq
 
@@ -38,6 +38,9 @@ def new_topic(rocketmq, client, queues=2) -> str:
 
 
 def test_cluster_info_and_route(rocketmq, client):
+    # cluster info keeps fastjson's unquoted integer keys ({0:"addr"}) in both versions
+    raw = client.invoke(rocketmq.namesrv_addr, rq.GET_BROKER_CLUSTER_INFO).body
+    assert b'"brokerAddrs":{0:"' in raw
     info = rq.cluster_info(client, rocketmq.namesrv_addr)
     broker = rocketmq.brokers["broker-a"]
     assert info.master_addr("broker-a") == broker.addr
@@ -53,6 +56,12 @@ def test_cluster_info_and_route(rocketmq, client):
 
 
 def test_binary_header_requests(rocketmq, client):
+    # 4.9.x answers in the request's serialize type (binary here); 5.3.x in its own (JSON)
+    with Connection(rocketmq.namesrv_addr, serialize_type=frames.SERIALIZE_ROCKETMQ) as conn:
+        answer = conn.invoke(rq.GET_BROKER_CLUSTER_INFO, timeout=10)
+    assert answer.code == 0
+    assert answer.serialize_type == (frames.SERIALIZE_ROCKETMQ if rocketmq.version.startswith("4.")
+                                     else frames.SERIALIZE_JSON)
     with RemotingClient(serialize_type=frames.SERIALIZE_ROCKETMQ) as binary:
         info = rq.cluster_info(binary, rocketmq.namesrv_addr)
         assert info.master_addr("broker-a") == rocketmq.brokers["broker-a"].addr
