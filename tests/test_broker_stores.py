@@ -220,7 +220,7 @@ def run_java_producer(rocketmq, workdir, topic, count):
     return [line.split()[1:] for line in lines if line.startswith("SENT ")]
 
 
-def test_broker_store_read_by_us(rocketmq, tmp_path):
+def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
     broker = rocketmq.start_broker("broker-c", workdir=tmp_path / "broker-c")
     root = broker.store
     topic = "S"
@@ -280,3 +280,18 @@ def test_broker_store_read_by_us(rocketmq, tmp_path):
         assert_same(store_rows(root, "broker-c", "J", q), java_pulled[q])
     with Store(root, broker_name="broker-c") as st:
         assert st.consumer_offsets()[("J", "java_group")] == commits
+
+    # format("rmq") on the broker's store: everything, then from the Java group's committed offsets
+    def load(**options):
+        reader = spark.read.format("rmq").option("storePath", str(root)).option("brokerName", "broker-c")
+        for k, v in {"topic": "J", **options}.items():
+            reader = reader.option(k, v)
+        return {(r.queueId, r.queueOffset): (r.msgId, r.uniqKey, bytes(r.body), r.tags)
+                for r in reader.load().collect()}
+    expected = {(r.queue_id, r.queue_offset): (record_codec.offset_msg_id(r.store_host, r.physical_offset),
+                                               r.properties["UNIQ_KEY"], decompress_body(r.body, r.sys_flag),
+                                               r.properties["TAGS"])
+                for recs in java_pulled.values() for r in recs}
+    assert load() == expected
+    from_group = load(startingOffsets="group", consumerGroup="java_group")
+    assert from_group == {k: v for k, v in expected.items() if k[1] >= commits[k[0]]}
