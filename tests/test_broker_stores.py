@@ -115,6 +115,8 @@ def test_our_store_served_by_real_broker(rocketmq, tmp_path):
                                     keys=["nk"], properties={"after": "ours"}, compress=i == 3)
                     for i in range(6)]
             assert [s.queue_offset for s in sent[:2]] == [len(before["W", 0]), len(before["W", 1])]
+            for q in range(2):
+                rq.wait_max_offset(client, broker.addr, "W", q, len(before["W", q]) + 3)
             pulled = {q: pull_all(client, broker.addr, "W", q) for q in range(2)}
     finally:
         rocketmq.stop_broker("broker-w")
@@ -235,6 +237,7 @@ def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
             rq.send_batch(client, broker.addr, topic, [{"body": b"b%d" % j, "tags": "bt", "keys": f"bk{j}",
                                                         "properties": {"j": str(j)}} for j in range(7)],
                           queue_id=1)
+            assert [rq.wait_max_offset(client, broker.addr, topic, q, n) for q, n in ((0, 20), (1, 27))] == [20, 27]
             pulled = {q: pull_all(client, broker.addr, topic, q) for q in range(2)}
             assert [len(pulled[0]), len(pulled[1])] == [20, 27]
             # live: what our reader sees while the broker runs is a prefix of the pull
@@ -253,6 +256,11 @@ def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
                 time.sleep(0.2)
             sent = run_java_producer(rocketmq, tmp_path, "J", 12)
             assert len(sent) == 12
+            last = {}
+            for queue_id, offset, _, _ in sent:
+                last[int(queue_id)] = max(last.get(int(queue_id), 0), int(offset) + 1)
+            for q, n in last.items():
+                rq.wait_max_offset(client, broker.addr, "J", q, n)
             java_pulled = {q: pull_all(client, broker.addr, "J", q) for q in range(3)}
             by_uniq = {r.properties["UNIQ_KEY"]: r for recs in java_pulled.values() for r in recs}
             for i, (queue_id, offset, uniq, offset_id) in enumerate(sent):

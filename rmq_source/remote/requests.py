@@ -263,6 +263,19 @@ def max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *
     return int(r.ext_fields["offset"])
 
 
+def wait_max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, at_least: int, *,
+                    timeout: float = 15.0) -> int:
+    """Poll GET_MAX_OFFSET until it reaches ``at_least``: a send is answered before the broker's
+    ConsumeQueue dispatch catches up, so the max offset (and pulls) can lag a send's answer."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = max_offset(client, broker, topic, queue_id)
+        if value >= at_least or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
 def min_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *, timeout=None) -> int:
     r = client.invoke(broker, GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id}, timeout=timeout)
     return int(r.ext_fields["offset"])
