@@ -233,3 +233,60 @@ def spark():
     session.dataSource.register(RocketMQDataSource)
     yield session
     session.stop()
+
+
+# ----------------------------------------------------------------------------- real RocketMQ servers
+sys.path.insert(0, str(REPO / "tests"))
+import rocketmq_cluster  # noqa: E402
+
+BROKER_LINES = ("4.9", "5.3")
+
+
+def broker_unavailable(reason: str):
+    """Skip a broker test, or fail it when RMQ_REQUIRE_BROKER=1 (CI must run them)."""
+    if os.environ.get(rocketmq_cluster.REQUIRE_ENV) == "1":
+        pytest.fail(f"{reason} (RMQ_REQUIRE_BROKER=1 forbids skipping the broker tests)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def rocketmq_jars():
+    """line -> (version, jar folder), resolved on first use; failures skip (or fail) per line."""
+    cache: dict = {}
+
+    def get(line: str):
+        if line not in cache:
+            try:
+                cache[line] = rocketmq_cluster.resolve_line(line)
+            except rocketmq_cluster.BrokerUnavailable as exc:
+                cache[line] = exc
+        if isinstance(cache[line], Exception):
+            broker_unavailable(str(cache[line]))
+        return cache[line]
+    return get
+
+
+@pytest.fixture(scope="session", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
+def rocketmq(request, rocketmq_jars, tmp_path_factory):
+    """A running NameServer and broker ``broker-a`` of one version, shared by the whole session."""
+    version, jars = rocketmq_jars(request.param)
+    workdir = tmp_path_factory.mktemp(f"rocketmq-{version}")
+    cluster = rocketmq_cluster.Cluster(version, jars, workdir)
+    try:
+        cluster.start()
+    except rocketmq_cluster.ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed broker test prints the server log tails (the logs stay in the session's tmp dir)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        cluster = getattr(item, "funcargs", {}).get("rocketmq")
+        if isinstance(cluster, rocketmq_cluster.Cluster):
+            report.sections.append(("RocketMQ server logs", f"workdir {cluster.workdir}\n"
+                                    + cluster.log_tails()))

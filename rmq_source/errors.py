@@ -63,3 +63,43 @@ class RmqAllocationError(RmqSourceError, RuntimeError):
 
 class RmqLockError(RmqSourceError, RuntimeError):
     """A queue lock needed for ordered consumption is not held (or was lost)."""
+
+
+class RmqRemotingError(RmqSourceError, OSError):
+    """A request over RocketMQ's remoting protocol failed.
+
+    ``peer`` is the server address (``host:port``), ``request`` a short description of the request
+    (its code name and main fields), both also in the message.
+    """
+
+    def __init__(self, message: str, *, peer: str | None = None, request: str | None = None):
+        parts = [message]
+        if request:
+            parts.append(f"request: {request}")
+        if peer:
+            parts.append(f"peer: {peer}")
+        super().__init__("; ".join(parts))
+        self.peer = peer
+        self.request = request
+
+
+class RmqRemotingTimeoutError(RmqRemotingError, TimeoutError):
+    """No answer (or no connection) within the call's timeout."""
+
+
+class RmqRemotingConnectionError(RmqRemotingError, ConnectionError):
+    """The connection could not be made, was closed, or ended in the middle of a frame."""
+
+
+class RmqRemotingProtocolError(RmqRemotingError):
+    """The peer sent bytes that are not a valid remoting frame (size limit, header, serialize type)."""
+
+
+class RmqBrokerError(RmqRemotingError):
+    """The server answered with an error code; ``code`` is the number, ``remark`` the server's text."""
+
+    def __init__(self, message: str, *, code: int, remark: str | None = None, peer: str | None = None,
+                 request: str | None = None):
+        super().__init__(message, peer=peer, request=request)
+        self.code = code
+        self.remark = remark

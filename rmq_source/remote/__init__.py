@@ -1,0 +1,9 @@
+"""RocketMQ's remoting protocol (the TCP protocol of its Java and Go clients).
+
+:mod:`.frames` encodes and decodes frames, :mod:`.client` holds connections with opaque-matched
+answers and per-call timeouts, :mod:`.requests` has typed helpers for the requests rmq_source needs.
+"""
+from .client import Connection, RemotingClient
+from .frames import RemotingCommand
+
+__all__ = ["Connection", "RemotingClient", "RemotingCommand"]

@@ -1,0 +1,325 @@
+"""Connections speaking the remoting protocol: opaque-matched answers, oneway requests, timeouts.
+
+One reader thread a connection reads frames and hands each answer to the call waiting on its opaque.
+Every wait has a deadline; a broken, oversized or truncated frame closes the connection and fails
+every call on it with an error naming the peer and the request. Requests the server sends to us
+(after a heartbeat: consumer ids changed, running info) go to ``on_request``; without a handler a
+two-way one is answered "not supported".
+"""
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Callable
+
+from ..errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
+                      RmqRemotingProtocolError, RmqRemotingTimeoutError)
+from . import frames
+from .frames import RemotingCommand
+
+DEFAULT_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5.0
+REQUEST_CODE_NOT_SUPPORTED = 3
+
+#: Names of the request codes this package sends, for messages.
+REQUEST_NAMES = {
+    10: "SEND_MESSAGE", 11: "PULL_MESSAGE", 14: "QUERY_CONSUMER_OFFSET", 15: "UPDATE_CONSUMER_OFFSET",
+    17: "UPDATE_AND_CREATE_TOPIC", 29: "SEARCH_OFFSET_BY_TIMESTAMP", 30: "GET_MAX_OFFSET",
+    31: "GET_MIN_OFFSET", 34: "HEART_BEAT", 35: "UNREGISTER_CLIENT", 38: "GET_CONSUMER_LIST_BY_GROUP",
+    41: "LOCK_BATCH_MQ", 42: "UNLOCK_BATCH_MQ", 105: "GET_ROUTEINFO_BY_TOPIC",
+    106: "GET_BROKER_CLUSTER_INFO", 202: "GET_TOPIC_STATS_INFO", 206: "GET_ALL_TOPIC_LIST_FROM_NAMESERVER",
+    310: "SEND_MESSAGE_V2", 320: "SEND_BATCH_MESSAGE",
+}
+_I32 = struct.Struct(">i")
+
+
+def describe(cmd: RemotingCommand) -> str:
+    name = REQUEST_NAMES.get(cmd.code, "request")
+    keys = ("topic", "queueId", "consumerGroup", "queueOffset", "b", "e")
+    shown = ", ".join(f"{k}={cmd.ext_fields[k]}" for k in keys if k in cmd.ext_fields)
+    return f"{name}({cmd.code}{', ' + shown if shown else ''})"
+
+
+class _Pending:
+    __slots__ = ("event", "response", "error")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.response: RemotingCommand | None = None
+        self.error: BaseException | None = None
+
+
+class Connection:
+    """One TCP connection to a NameServer or broker (``host:port``; IPv6 as ``[::1]:port``)."""
+
+    def __init__(self, addr: str, *, connect_timeout: float = CONNECT_TIMEOUT,
+                 serialize_type: int = frames.SERIALIZE_JSON,
+                 on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None):
+        self.addr = addr
+        self.serialize_type = serialize_type
+        self.on_request = on_request
+        host, _, port = addr.rpartition(":")
+        host = host.strip("[]")
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=connect_timeout)
+        except socket.timeout as exc:
+            raise RmqRemotingTimeoutError(f"connect timed out after {connect_timeout} s",
+                                          peer=addr) from exc
+        except (OSError, ValueError) as exc:
+            raise RmqRemotingConnectionError(f"cannot connect: {exc}", peer=addr) from exc
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._opaque = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self.close_reason: RmqRemotingError | None = None
+        self._reader = threading.Thread(target=self._read_loop, name=f"rmq-remoting-{addr}", daemon=True)
+        self._reader.start()
+
+    # ------------------------------------------------------------------ public
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def invoke(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
+               timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
+        """Send a request and return its answer (any code: see :func:`check`)."""
+        cmd = RemotingCommand(code, dict(ext_fields or {}), body, serialize_type=self.serialize_type)
+        cmd.opaque = next(self._opaque) & 0x7FFFFFFF
+        pending = _Pending()
+        with self._lock:
+            self._raise_if_closed(cmd)
+            self._pending[cmd.opaque] = pending
+        deadline = time.monotonic() + timeout
+        try:
+            self._send(cmd, deadline)
+            if not pending.event.wait(max(0.0, deadline - time.monotonic())):
+                raise RmqRemotingTimeoutError(f"no answer in {timeout} s", peer=self.addr,
+                                              request=describe(cmd))
+        finally:
+            with self._lock:
+                self._pending.pop(cmd.opaque, None)
+        if pending.error is not None:
+            err = pending.error
+            raise type(err)(str(err).split("; request:")[0].split("; peer:")[0], peer=self.addr,
+                            request=describe(cmd)) from err
+        return pending.response
+
+    def invoke_oneway(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
+                      timeout: float = DEFAULT_TIMEOUT) -> None:
+        cmd = RemotingCommand(code, dict(ext_fields or {}), body, flag=frames.FLAG_ONEWAY,
+                              serialize_type=self.serialize_type)
+        cmd.opaque = next(self._opaque) & 0x7FFFFFFF
+        with self._lock:
+            self._raise_if_closed(cmd)
+        self._send(cmd, time.monotonic() + timeout)
+
+    def close(self) -> None:
+        self._fail(RmqRemotingConnectionError("connection closed by the client", peer=self.addr))
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Connection({self.addr!r}{', closed' if self._closed else ''})"
+
+    # ------------------------------------------------------------------ internals
+    def _raise_if_closed(self, cmd: RemotingCommand) -> None:
+        if self._closed:
+            why = str(self.close_reason).split("; peer:")[0] if self.close_reason else "closed"
+            raise RmqRemotingConnectionError(f"connection is closed ({why})", peer=self.addr,
+                                             request=describe(cmd))
+
+    def _send(self, cmd: RemotingCommand, deadline: float) -> None:
+        try:
+            data = memoryview(frames.encode(cmd))
+        except RmqRemotingError as exc:
+            raise type(exc)(str(exc), peer=self.addr, request=describe(cmd)) from None
+        with self._send_lock:
+            while data:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    err = RmqRemotingTimeoutError("send timed out (peer not reading)", peer=self.addr,
+                                                  request=describe(cmd))
+                    self._fail(err)      # a partly written frame leaves the stream unusable
+                    raise err
+                try:
+                    _, writable, _ = select.select([], [self._sock], [], min(left, 0.5))
+                    if not writable:
+                        continue
+                    n = self._sock.send(data, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    continue
+                except (OSError, ValueError) as exc:
+                    err = RmqRemotingConnectionError(f"send failed: {exc}", peer=self.addr,
+                                                     request=describe(cmd))
+                    self._fail(err)
+                    raise err from exc
+                data = data[n:]
+
+    def _recv_exact(self, n: int, what: str) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            if self._closed:
+                raise _Stop()
+            try:
+                readable, _, _ = select.select([self._sock], [], [], 0.5)
+                if not readable:
+                    continue
+                chunk = self._sock.recv(min(n - len(buf), 1 << 20), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError) as exc:
+                if self._closed:
+                    raise _Stop() from None
+                raise RmqRemotingConnectionError(f"receive failed: {exc}", peer=self.addr) from None
+            if not chunk:
+                if not buf and what == "length":
+                    raise RmqRemotingConnectionError("connection closed by the peer", peer=self.addr)
+                raise RmqRemotingConnectionError(
+                    f"truncated frame: the peer closed the connection after {len(buf)} of {n} bytes "
+                    f"of the frame {what}", peer=self.addr)
+            buf += chunk
+        return bytes(buf)
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                total = _I32.unpack(self._recv_exact(4, "length"))[0]
+                try:
+                    frames.check_length(total)
+                except RmqRemotingProtocolError as exc:
+                    raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
+                payload = self._recv_exact(total, "content")
+                try:
+                    cmd = frames.decode(payload)
+                except RmqRemotingProtocolError as exc:
+                    raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
+                if cmd.is_response:
+                    with self._lock:
+                        pending = self._pending.get(cmd.opaque)
+                    if pending is not None:      # else: the caller timed out already
+                        pending.response = cmd
+                        pending.event.set()
+                else:
+                    self._serve(cmd)
+        except _Stop:
+            pass
+        except RmqRemotingError as exc:
+            self._fail(exc)
+        except Exception as exc:  # never let the reader die silently
+            self._fail(RmqRemotingProtocolError(f"reader failed: {exc!r}", peer=self.addr))
+
+    def _serve(self, cmd: RemotingCommand) -> None:
+        answer = None
+        if self.on_request is not None:
+            try:
+                answer = self.on_request(cmd)
+            except Exception as exc:
+                answer = RemotingCommand(1, remark=f"client handler failed: {exc!r}")
+        if cmd.is_oneway:
+            return
+        if answer is None:
+            answer = RemotingCommand(REQUEST_CODE_NOT_SUPPORTED,
+                                     remark=f"request code {cmd.code} not supported by this client")
+        answer.opaque = cmd.opaque
+        answer.flag |= frames.FLAG_RESPONSE
+        answer.serialize_type = self.serialize_type
+        try:
+            self._send(answer, time.monotonic() + DEFAULT_TIMEOUT)
+        except RmqRemotingError:
+            pass
+
+    def _fail(self, err: RmqRemotingError) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.close_reason = err
+            pending = list(self._pending.values())
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        for p in pending:
+            p.error = err
+            p.event.set()
+
+
+class _Stop(Exception):
+    pass
+
+
+def check(resp: RemotingCommand, request: RemotingCommand | str, peer: str,
+          ok: tuple[int, ...] = (0,)) -> RemotingCommand:
+    """``resp`` if its code is in ``ok``, else :class:`RmqBrokerError` with the code and remark."""
+    if resp.code in ok:
+        return resp
+    what = request if isinstance(request, str) else describe(request)
+    raise RmqBrokerError(f"server answered code {resp.code}: {resp.remark or '(no remark)'}",
+                         code=resp.code, remark=resp.remark, peer=peer, request=what)
+
+
+class RemotingClient:
+    """Connections by address, made on first use and made again after one broke."""
+
+    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT,
+                 serialize_type: int = frames.SERIALIZE_JSON,
+                 on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None):
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.serialize_type = serialize_type
+        self.on_request = on_request
+        self._conns: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+
+    def connection(self, addr: str) -> Connection:
+        with self._lock:
+            conn = self._conns.get(addr)
+            if conn is None or conn.closed:
+                conn = Connection(addr, connect_timeout=self.connect_timeout,
+                                  serialize_type=self.serialize_type, on_request=self.on_request)
+                self._conns[addr] = conn
+            return conn
+
+    def invoke(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
+               timeout: float | None = None, ok: tuple[int, ...] | None = (0,)) -> RemotingCommand:
+        """Send and wait; with ``ok`` (default: success only) other codes raise RmqBrokerError."""
+        conn = self.connection(addr)
+        resp = conn.invoke(code, ext_fields, body, timeout=self.timeout if timeout is None else timeout)
+        if ok is not None:
+            req = RemotingCommand(code, _fields(ext_fields))
+            check(resp, req, addr, ok)
+        return resp
+
+    def invoke_oneway(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"") -> None:
+        self.connection(addr).invoke_oneway(code, ext_fields, body, timeout=self.timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
+            c.close()
+
+    def __enter__(self) -> "RemotingClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _fields(ext: dict | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (ext or {}).items() if v is not None}

@@ -1,0 +1,347 @@
+"""Typed helpers for the requests rmq_source sends to NameServers and brokers.
+
+Each takes a :class:`~rmq_source.remote.client.RemotingClient` and the server address. Error answers
+raise :class:`~rmq_source.errors.RmqBrokerError` (code and remark), except where an answer code is a
+normal outcome (pull: not found / offset moved; query offset: not found).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from .. import record_codec as rc
+from ..errors import RmqRemotingProtocolError
+from .client import RemotingClient
+from .frames import loads_fastjson
+
+# request codes
+SEND_MESSAGE = 10
+PULL_MESSAGE = 11
+QUERY_CONSUMER_OFFSET = 14
+UPDATE_CONSUMER_OFFSET = 15
+UPDATE_AND_CREATE_TOPIC = 17
+SEARCH_OFFSET_BY_TIMESTAMP = 29
+GET_MAX_OFFSET = 30
+GET_MIN_OFFSET = 31
+HEART_BEAT = 34
+GET_CONSUMER_LIST_BY_GROUP = 38
+LOCK_BATCH_MQ = 41
+UNLOCK_BATCH_MQ = 42
+GET_ROUTEINFO_BY_TOPIC = 105
+GET_BROKER_CLUSTER_INFO = 106
+SEND_BATCH_MESSAGE = 320
+
+# answer codes
+SUCCESS = 0
+TOPIC_NOT_EXIST = 17
+PULL_NOT_FOUND = 19
+PULL_RETRY_IMMEDIATELY = 20
+PULL_OFFSET_MOVED = 21
+QUERY_NOT_FOUND = 22
+
+# PullSysFlag
+PULL_COMMIT_OFFSET = 0x1
+PULL_SUSPEND = 0x2
+PULL_SUBSCRIPTION = 0x4
+
+DEFAULT_TOPIC = "TBW102"
+
+
+def _json(body: bytes, what: str, peer: str):
+    try:
+        return loads_fastjson(body) if body else {}
+    except ValueError as exc:
+        raise RmqRemotingProtocolError(f"answer body is not JSON: {exc}", peer=peer, request=what) from None
+
+
+def _dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+# ------------------------------------------------------------------ NameServer
+@dataclass
+class TopicRoute:
+    queue_datas: list[dict]
+    broker_datas: list[dict]
+
+    def master_addrs(self) -> dict[str, str]:
+        """brokerName -> master address (broker id 0)."""
+        return {b["brokerName"]: b["brokerAddrs"]["0"] for b in self.broker_datas
+                if "0" in (b.get("brokerAddrs") or {})}
+
+    def write_queues(self) -> dict[str, int]:
+        return {q["brokerName"]: int(q["writeQueueNums"]) for q in self.queue_datas}
+
+
+def _str_keys(obj):
+    if isinstance(obj, dict):
+        return {str(k): _str_keys(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_str_keys(v) for v in obj]
+    return obj
+
+
+def topic_route(client: RemotingClient, namesrv: str, topic: str, *, timeout: float | None = None) -> TopicRoute:
+    resp = client.invoke(namesrv, GET_ROUTEINFO_BY_TOPIC, {"topic": topic, "acceptStandardJsonOnly": "true"},
+                         timeout=timeout)
+    data = _str_keys(_json(resp.body, f"GET_ROUTEINFO_BY_TOPIC(topic={topic})", namesrv))
+    return TopicRoute(data.get("queueDatas") or [], data.get("brokerDatas") or [])
+
+
+@dataclass
+class ClusterInfo:
+    brokers: dict[str, dict]          # brokerName -> {cluster, brokerName, brokerAddrs: {id: addr}}
+    clusters: dict[str, list[str]]    # cluster -> broker names
+
+    def master_addr(self, broker_name: str) -> str | None:
+        return ((self.brokers.get(broker_name) or {}).get("brokerAddrs") or {}).get("0")
+
+
+def cluster_info(client: RemotingClient, namesrv: str, *, timeout: float | None = None) -> ClusterInfo:
+    resp = client.invoke(namesrv, GET_BROKER_CLUSTER_INFO, timeout=timeout)
+    data = _str_keys(_json(resp.body, "GET_BROKER_CLUSTER_INFO", namesrv))
+    return ClusterInfo(data.get("brokerAddrTable") or {},
+                       {k: sorted(v) for k, v in (data.get("clusterAddrTable") or {}).items()})
+
+
+# ------------------------------------------------------------------ topics
+def create_topic(client: RemotingClient, broker: str, topic: str, *, read_queues: int = 4,
+                 write_queues: int | None = None, perm: int = 6, order: bool = False,
+                 timeout: float | None = None) -> None:
+    client.invoke(broker, UPDATE_AND_CREATE_TOPIC, {
+        "topic": topic, "defaultTopic": DEFAULT_TOPIC, "readQueueNums": read_queues,
+        "writeQueueNums": write_queues if write_queues is not None else read_queues, "perm": perm,
+        "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": "true" if order else "false",
+    }, timeout=timeout)
+
+
+# ------------------------------------------------------------------ send
+@dataclass
+class SendResult:
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+    uniq_keys: list[str]
+
+
+_uniq = rc.UniqKeyFactory()
+
+
+def _local_ip() -> bytes:
+    return socket.inet_aton("127.0.0.1")
+
+
+def message_properties(*, tags: str | None = None, keys: str | Iterable[str] | None = None,
+                       properties: Mapping[str, str] | None = None, uniq_key: str | None = None,
+                       born_ms: int) -> tuple[dict[str, str], str]:
+    props = dict(properties or {})
+    if tags is not None:
+        props["TAGS"] = tags
+    if keys is not None:
+        props["KEYS"] = keys if isinstance(keys, str) else " ".join(keys)
+    uniq = uniq_key or _uniq.create(_local_ip(), born_ms)
+    props["UNIQ_KEY"] = uniq
+    props.setdefault("WAIT", "true")
+    return props, uniq
+
+
+def _props_string(props: Mapping[str, str]) -> str:
+    return "".join(f"{k}\x01{v}\x02" for k, v in props.items())
+
+
+def send_message(client: RemotingClient, broker: str, topic: str, body: bytes, *, queue_id: int = 0,
+                 tags: str | None = None, keys: str | Iterable[str] | None = None,
+                 properties: Mapping[str, str] | None = None, flag: int = 0, compress: bool = False,
+                 producer_group: str = "rmq_source_producer", born_timestamp: int | None = None,
+                 timeout: float | None = None) -> SendResult:
+    """Send one message to ``queue_id`` (SEND_MESSAGE); ``compress`` zlib-compresses the body as the
+    Java client does for large bodies (SYSFLAG bit 0)."""
+    born = born_timestamp if born_timestamp is not None else rc.now_ms()
+    props, uniq = message_properties(tags=tags, keys=keys, properties=properties, born_ms=born)
+    sys_flag = 0
+    if compress:
+        body = zlib.compress(body, 5)
+        sys_flag |= rc.FLAG_COMPRESSED
+    resp = client.invoke(broker, SEND_MESSAGE, {
+        "producerGroup": producer_group, "topic": topic, "defaultTopic": DEFAULT_TOPIC,
+        "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": sys_flag, "bornTimestamp": born,
+        "flag": flag, "properties": _props_string(props), "reconsumeTimes": 0, "unitMode": "false",
+        "batch": "false",
+    }, body, timeout=timeout)
+    ext = resp.ext_fields
+    return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), [uniq])
+
+
+def encode_batch(messages: Iterable[tuple[bytes, Mapping[str, str], int]]) -> bytes:
+    """The body of SEND_BATCH_MESSAGE: per message TOTALSIZE, MAGIC 0, BODYCRC 0, FLAG, body, props."""
+    out = []
+    for body, props, flag in messages:
+        p = _props_string(props).encode()
+        total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
+        out.append(total.to_bytes(4, "big") + bytes(8) + flag.to_bytes(4, "big", signed=True)
+                   + len(body).to_bytes(4, "big") + body + len(p).to_bytes(2, "big") + p)
+    return b"".join(out)
+
+
+def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterable[dict], *,
+               queue_id: int = 0, producer_group: str = "rmq_source_producer",
+               timeout: float | None = None) -> SendResult:
+    """Send several messages in one request (SEND_BATCH_MESSAGE). Each message is a dict with
+    ``body`` and optional ``tags``, ``keys``, ``properties``, ``flag``."""
+    born = rc.now_ms()
+    encoded, uniqs = [], []
+    for m in messages:
+        props, uniq = message_properties(tags=m.get("tags"), keys=m.get("keys"),
+                                         properties=m.get("properties"), born_ms=born)
+        encoded.append((m["body"], props, int(m.get("flag", 0))))
+        uniqs.append(uniq)
+    resp = client.invoke(broker, SEND_BATCH_MESSAGE, {
+        "a": producer_group, "b": topic, "c": DEFAULT_TOPIC, "d": 4, "e": queue_id, "f": 0, "g": born,
+        "h": 0, "i": _props_string({"WAIT": "true"}), "j": 0, "k": "false", "m": "true",
+    }, encode_batch(encoded), timeout=timeout)
+    ext = resp.ext_fields
+    return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), uniqs)
+
+
+# ------------------------------------------------------------------ pull
+@dataclass
+class PullResult:
+    code: int                 # 0 found, 19 not found, 20 retry immediately, 21 offset moved
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_broker_id: int
+    body: bytes = b""
+    remark: str | None = None
+
+    @property
+    def found(self) -> bool:
+        return self.code == SUCCESS
+
+    def records(self) -> list[rc.DecodedRecord]:
+        """The CommitLog records of the body (as stored: bodies still compressed)."""
+        return decode_records(self.body)
+
+
+def decode_records(body: bytes) -> list[rc.DecodedRecord]:
+    out, pos, view = [], 0, memoryview(body)
+    while pos < len(body):
+        rec = rc.decode_record(view, pos, where="pull body")
+        if rec is None:
+            break
+        out.append(rec)
+        pos += rec.total_size
+    return out
+
+
+def pull(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, offset: int, *,
+         max_nums: int = 32, subscription: str = "*", expression_type: str = "TAG",
+         suspend_ms: int = 0, timeout: float | None = None) -> PullResult:
+    """One PULL_MESSAGE with the subscription in the request (no heartbeat needed)."""
+    sys_flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
+    if timeout is None:
+        timeout = client.timeout + suspend_ms / 1000.0
+    resp = client.invoke(broker, PULL_MESSAGE, {
+        "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
+        "maxMsgNums": max_nums, "sysFlag": sys_flag, "commitOffset": 0,
+        "suspendTimeoutMillis": suspend_ms, "subscription": subscription, "subVersion": 0,
+        "expressionType": expression_type,
+    }, timeout=timeout, ok=(SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, PULL_OFFSET_MOVED))
+    ext = resp.ext_fields
+    return PullResult(resp.code, int(ext.get("nextBeginOffset", offset)), int(ext.get("minOffset", 0)),
+                      int(ext.get("maxOffset", 0)), int(ext.get("suggestWhichBrokerId", 0)),
+                      resp.body if resp.code == SUCCESS else b"", resp.remark)
+
+
+# ------------------------------------------------------------------ offsets
+def max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *, timeout=None) -> int:
+    r = client.invoke(broker, GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id}, timeout=timeout)
+    return int(r.ext_fields["offset"])
+
+
+def wait_max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, at_least: int, *,
+                    timeout: float = 15.0) -> int:
+    """Poll GET_MAX_OFFSET until it reaches ``at_least``: a send is answered before the broker's
+    ConsumeQueue dispatch catches up, so the max offset (and pulls) can lag a send's answer."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = max_offset(client, broker, topic, queue_id)
+        if value >= at_least or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
+def min_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *, timeout=None) -> int:
+    r = client.invoke(broker, GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id}, timeout=timeout)
+    return int(r.ext_fields["offset"])
+
+
+def offset_by_timestamp(client: RemotingClient, broker: str, topic: str, queue_id: int, timestamp_ms: int,
+                        *, timeout=None) -> int:
+    r = client.invoke(broker, SEARCH_OFFSET_BY_TIMESTAMP,
+                      {"topic": topic, "queueId": queue_id, "timestamp": timestamp_ms}, timeout=timeout)
+    return int(r.ext_fields["offset"])
+
+
+def query_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, *,
+                          timeout=None) -> int | None:
+    """The group's committed offset, or None when the broker has none."""
+    r = client.invoke(broker, QUERY_CONSUMER_OFFSET,
+                      {"consumerGroup": group, "topic": topic, "queueId": queue_id,
+                       "setZeroIfNotFound": "false"}, timeout=timeout, ok=(SUCCESS, QUERY_NOT_FOUND))
+    return int(r.ext_fields["offset"]) if r.code == SUCCESS else None
+
+
+def update_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int,
+                           offset: int, *, timeout=None) -> None:
+    client.invoke(broker, UPDATE_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic,
+                                                   "queueId": queue_id, "commitOffset": offset},
+                  timeout=timeout)
+
+
+# ------------------------------------------------------------------ consumers
+def client_id() -> str:
+    return f"127.0.0.1@rmq_source-{os.getpid()}"
+
+
+def heartbeat(client: RemotingClient, broker: str, client_id_: str, *, consumer_groups: Mapping[str, list[str]] = (),
+              producer_groups: Iterable[str] = (), timeout=None) -> None:
+    """HEART_BEAT: ``consumer_groups`` maps a group to the topics it subscribes (all tags)."""
+    consumers = [{
+        "groupName": g, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+        "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": "*", "tagsSet": [],
+                                 "codeSet": [], "subVersion": 0, "expressionType": "TAG"} for t in topics],
+    } for g, topics in dict(consumer_groups).items()]
+    body = {"clientID": client_id_, "producerDataSet": [{"groupName": g} for g in producer_groups],
+            "consumerDataSet": consumers}
+    client.invoke(broker, HEART_BEAT, {}, _dumps(body), timeout=timeout)
+
+
+def consumer_list(client: RemotingClient, broker: str, group: str, *, timeout=None) -> list[str]:
+    r = client.invoke(broker, GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}, timeout=timeout)
+    return list(_json(r.body, f"GET_CONSUMER_LIST_BY_GROUP({group})", broker).get("consumerIdList") or [])
+
+
+def _mq_set(queues: Iterable[tuple[str, str, int]]) -> list[dict]:
+    return [{"topic": t, "brokerName": b, "queueId": int(q)} for t, b, q in queues]
+
+
+def lock_batch(client: RemotingClient, broker: str, group: str, client_id_: str,
+               queues: Iterable[tuple[str, str, int]], *, timeout=None) -> set[tuple[str, str, int]]:
+    """LOCK_BATCH_MQ: the (topic, brokerName, queueId) of ``queues`` now locked by ``client_id_``."""
+    body = {"consumerGroup": group, "clientId": client_id_, "onlyThisBroker": True, "mqSet": _mq_set(queues)}
+    r = client.invoke(broker, LOCK_BATCH_MQ, {}, _dumps(body), timeout=timeout)
+    data = _json(r.body, f"LOCK_BATCH_MQ({group})", broker)
+    return {(m["topic"], m["brokerName"], int(m["queueId"])) for m in data.get("lockOKMQSet") or []}
+
+
+def unlock_batch(client: RemotingClient, broker: str, group: str, client_id_: str,
+                 queues: Iterable[tuple[str, str, int]], *, timeout=None) -> None:
+    body = {"consumerGroup": group, "clientId": client_id_, "onlyThisBroker": True, "mqSet": _mq_set(queues)}
+    client.invoke(broker, UNLOCK_BATCH_MQ, {}, _dumps(body), timeout=timeout)

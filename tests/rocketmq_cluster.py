@@ -1,0 +1,512 @@
+"""Real Apache RocketMQ servers for tests and benchmarks.
+
+Resolves the NameServer, broker, Java client and tools jars of one RocketMQ version from Maven Central
+(``mvn dependency:copy-dependencies`` on a generated pom) into a cache folder outside the repository,
+then starts NameServers and brokers on free loopback ports with small stores and bounded JVM memory.
+
+Cache: ``$RMQ_JARS_CACHE`` (default ``~/.cache/rmq_source``), one folder ``rocketmq-<version>`` a
+version; a ``.complete`` marker is written only after a download finished, so an interrupted one is
+redone from scratch.
+
+Usable without pytest (bench/): ``resolve_jars("4.9.8")``, ``NameServer(...)``, ``Broker(...)``.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+#: The two lines the suite runs against, newest first: the last 4.9.x and the newest 5.3.x whose
+#: server artifacts resolve. (4.9.8's rocketmq-namesrv and rocketmq-broker are not on Maven Central,
+#: only its client and tools; 4.9.7 is the newest 4.9.x with all four.)
+VERSION_4_CANDIDATES = ("4.9.8", "4.9.7")
+VERSION_5_CANDIDATES = ("5.3.4", "5.3.3", "5.3.2")
+LINES = {"4.9": VERSION_4_CANDIDATES, "5.3": VERSION_5_CANDIDATES}
+ARTIFACTS = ("rocketmq-namesrv", "rocketmq-broker", "rocketmq-client", "rocketmq-tools")
+CACHE_ENV = "RMQ_JARS_CACHE"
+REQUIRE_ENV = "RMQ_REQUIRE_BROKER"
+MARKER = ".complete"
+
+NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
+BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
+MQADMIN_MAIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
+
+ADD_OPENS = [
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/java.util=ALL-UNNAMED",
+]
+
+_POM = """<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>rmq_source.tests</groupId>
+  <artifactId>rocketmq-jars</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+{deps}
+  </dependencies>
+</project>
+"""
+_DEP = """    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"""
+
+_LOGBACK = """<?xml version="1.0" encoding="UTF-8"?>
+<configuration>
+  <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5level %logger{20} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="WARN"><appender-ref ref="STDOUT"/></root>
+</configuration>
+"""
+
+
+class BrokerUnavailable(Exception):
+    """Java, Maven or the RocketMQ jars cannot be had here; ``reason`` says what to install."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rmq_source")
+
+
+def tool_missing() -> str | None:
+    """What to install for the broker tests, or None when Java and Maven are both on PATH."""
+    missing = [name for name, exe in (("Java 17 (a JDK: java, javac)", "java"), ("Maven 3 (mvn)", "mvn"))
+               if shutil.which(exe) is None]
+    if missing:
+        return "the broker tests need " + " and ".join(missing) + " on PATH"
+    return None
+
+
+def resolve_jars(version: str, *, timeout: float = 1500.0) -> Path:
+    """The folder of every runtime jar of ``version`` (downloaded once into the cache)."""
+    why = tool_missing()
+    if why:
+        raise BrokerUnavailable(why)
+    folder = cache_root() / f"rocketmq-{version}"
+    if (folder / MARKER).is_file():
+        return folder
+    if folder.exists():
+        shutil.rmtree(folder)          # an interrupted download: start again
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"rocketmq-{version}-", dir=folder.parent))
+    try:
+        deps = "\n".join(_DEP.format(a=a, v=version) for a in ARTIFACTS)
+        (work / "pom.xml").write_text(_POM.format(deps=deps))
+        jars = work / "lib"
+        cmd = ["mvn", "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", f"-DoutputDirectory={jars}"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise BrokerUnavailable(f"mvn did not resolve RocketMQ {version} in {timeout:.0f} s") from exc
+        if proc.returncode != 0 or not any(jars.glob("rocketmq-broker-*.jar")):
+            tail = (proc.stdout + proc.stderr)[-2000:]
+            raise BrokerUnavailable(f"mvn could not resolve RocketMQ {version} (exit {proc.returncode}): {tail}")
+        (jars / MARKER).write_text(f"{version}\n")
+        os.replace(jars, folder)        # appears whole, marker included
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def resolve_line(line: str) -> tuple[str, Path]:
+    """The newest version of ``line`` ("4.9" or "5.3") whose four artifacts resolve, and its jar folder.
+
+    A version that failed to resolve is remembered (``rocketmq-<version>.unavailable`` in the cache) for a
+    day, so later runs do not ask Maven again.
+    """
+    why = tool_missing()
+    if why:                      # cached jars are no use without a JVM
+        raise BrokerUnavailable(why)
+    candidates = LINES[line]
+    for version in candidates:
+        folder = cache_root() / f"rocketmq-{version}"
+        if (folder / MARKER).is_file():
+            return version, folder
+    errors = []
+    for version in candidates:
+        miss = cache_root() / f"rocketmq-{version}.unavailable"
+        if miss.is_file() and time.time() - miss.stat().st_mtime < 86400:
+            errors.append(f"{version}: {miss.read_text()[:300]}")
+            continue
+        try:
+            return version, resolve_jars(version)
+        except BrokerUnavailable as exc:
+            if tool_missing() or not ("Could not find artifact" in str(exc) or "was not found in" in str(exc)):
+                raise
+            miss.write_text(str(exc)[-600:])
+            errors.append(f"{version}: {str(exc)[:300]}")
+    raise BrokerUnavailable(f"no RocketMQ {line}.x resolved: " + " | ".join(errors))
+
+
+# --------------------------------------------------------------------------- ports and processes
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    # 4.9 NameServer and brokers bind the wildcard address: check it too
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+_handed_out: set[int] = set()
+
+
+def free_port(span: tuple[int, ...] = (0,)) -> int:
+    """A port P such that P+d is free on loopback for every d in ``span`` (never handed out twice)."""
+    import random
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, 59000)
+        ports = [base + d for d in span]
+        if any(p in _handed_out for p in ports):
+            continue
+        if all(_port_free(p) for p in ports):
+            _handed_out.update(ports)
+            return base
+    raise RuntimeError(f"no free loopback port range {span}")
+
+
+class ServerError(RuntimeError):
+    """A RocketMQ server did not start (its log tail is in the message)."""
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+_running: set["JavaServer"] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """No JVM outlives the Python process that started it (an interrupted session, a bench crash)."""
+    for server in list(_running):
+        server.stop(timeout=10)
+
+
+class JavaServer:
+    """One RocketMQ JVM: started in its own process group, stopped with SIGTERM then SIGKILL."""
+
+    boot_line = ""
+    main_class = ""
+    name = "server"
+
+    def __init__(self, version: str, jars: Path, workdir: Path, *, heap_mb: int = 320,
+                 direct_mb: int = 256):
+        self.version = version
+        self.jars = Path(jars)
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.home = self.workdir / "home"          # -Duser.home: logs, default store, kv config
+        self.rocketmq_home = self.workdir / "rocketmq_home"
+        self.stdout_path = self.workdir / "stdout.log"
+        self.heap_mb = heap_mb
+        self.direct_mb = direct_mb
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def is_v4(self) -> bool:
+        return self.version.startswith("4.")
+
+    def _prepare_home(self) -> None:
+        conf = self.rocketmq_home / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        for name in ("logback_namesrv.xml", "logback_broker.xml", "logback_tools.xml"):
+            (conf / name).write_text(_LOGBACK)
+        self.home.mkdir(parents=True, exist_ok=True)
+
+    def java_command(self, main: str, args: list[str]) -> list[str]:
+        return ["java", f"-Xmx{self.heap_mb}m", "-Xms32m", f"-XX:MaxDirectMemorySize={self.direct_mb}m",
+                "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss512k", *ADD_OPENS,
+                f"-Duser.home={self.home}", f"-Drocketmq.home.dir={self.rocketmq_home}",
+                "-Drocketmq.broker.diskSpaceWarningLevelRatio=0.98",
+                "-Drocketmq.client.logUseSlf4j=true", "-Dio.netty.leakDetection.level=disabled",
+                "-cp", f"{self.jars}/*", main, *args]
+
+    def java_env(self) -> dict:
+        env = dict(os.environ)
+        env["ROCKETMQ_HOME"] = str(self.rocketmq_home)
+        env.pop("JAVA_TOOL_OPTIONS", None)
+        return env
+
+    def args(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 90.0) -> "JavaServer":
+        self._prepare_home()
+        cmd = self.java_command(self.main_class, self.args())
+        out = open(self.stdout_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.java_env(), cwd=self.workdir, start_new_session=True)
+        out.close()
+        _running.add(self)
+        self._wait_boot(timeout)
+        return self
+
+    def _wait_boot(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                text = self.stdout_path.read_text(errors="replace")
+            except OSError:
+                text = ""
+            if self.boot_line in text:
+                return
+            if self.proc.poll() is not None:
+                raise ServerError(f"{self.name} (RocketMQ {self.version}) exited with {self.proc.returncode} "
+                                  f"before booting:\n{self.log_tails()}")
+            time.sleep(0.1)
+        self.stop()
+        raise ServerError(f"{self.name} (RocketMQ {self.version}) printed no boot line in {timeout:.0f} s:\n"
+                          f"{self.log_tails()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM to the JVM (its shutdown hooks flush the store), then SIGKILL to its group."""
+        proc = self.proc
+        if proc is None:
+            return None
+        _running.discard(self)
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL at once (a crash: the store keeps its abort file)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+
+    def log_files(self) -> list[Path]:
+        files = [self.stdout_path]
+        logs = self.home / "logs"
+        if logs.is_dir():
+            files += sorted(p for p in logs.rglob("*.log") if p.is_file())
+        return files
+
+    def log_tails(self, lines: int = 30) -> str:
+        parts = []
+        for path in self.log_files():
+            wanted = lines if path == self.stdout_path or path.name in (
+                "broker.log", "namesrv.log", "store.log", "remoting.log") else 0
+            if wanted:
+                parts.append(f"--- {path} (last {wanted} lines)\n{_tail(path, wanted)}")
+        return "\n".join(parts)
+
+
+class NameServer(JavaServer):
+    main_class = NAMESRV_MAIN
+    boot_line = "The Name Server boot success"
+    name = "NameServer"
+
+    def __init__(self, version: str, jars: Path, workdir: Path, *, port: int | None = None, **kw):
+        super().__init__(version, jars, workdir, heap_mb=kw.pop("heap_mb", 192), **kw)
+        self.port = port or free_port()
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def args(self) -> list[str]:
+        conf = self.workdir / "namesrv.properties"
+        conf.write_text("\n".join([
+            f"listenPort={self.port}",
+            "bindAddress=127.0.0.1",
+            f"kvConfigPath={self.workdir / 'kvConfig.json'}",
+            f"configStorePath={self.workdir / 'namesrv.properties.store'}",
+            "serverWorkerThreads=2", "serverCallbackExecutorThreads=1", "serverSelectorThreads=1",
+            "defaultThreadPoolNums=2", "clientRequestThreadPoolNums=2",
+        ]) + "\n")
+        return ["-c", str(conf)]
+
+
+#: Small store files: CommitLog 4 MiB (>= maxMessageSize + headroom), 1,000-unit ConsumeQueue files,
+#: index files of about 300 KB.
+COMMITLOG_SIZE = 4 * 1024 * 1024 + 128 * 1024
+CQ_UNITS = 1000
+INDEX_SLOTS = 2000
+INDEX_ENTRIES = 8000
+
+
+class Broker(JavaServer):
+    main_class = BROKER_MAIN
+    boot_line = "boot success"
+    name = "broker"
+
+    def __init__(self, version: str, jars: Path, workdir: Path, *, namesrv: str, name: str = "broker-a",
+                 cluster: str = "DefaultCluster", port: int | None = None, store: Path | None = None,
+                 commitlog_size: int = COMMITLOG_SIZE, cq_units: int = CQ_UNITS,
+                 extra: dict | None = None, **kw):
+        super().__init__(version, jars, workdir, **kw)
+        self.broker_name = name
+        self.name = f"broker {name}"
+        self.cluster = cluster
+        self.namesrv = namesrv
+        self.port = port or free_port((-2, 0, 1))
+        self.store = Path(store) if store is not None else self.workdir / "store"
+        self.commitlog_size = commitlog_size
+        self.cq_units = cq_units
+        self.extra = dict(extra or {})
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def properties(self) -> dict:
+        props = {
+            "brokerClusterName": self.cluster, "brokerName": self.broker_name, "brokerId": 0,
+            "brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUSH",
+            "namesrvAddr": self.namesrv, "brokerIP1": "127.0.0.1", "listenPort": self.port,
+            "haListenPort": self.port + 1,
+            "storePathRootDir": self.store, "storePathCommitLog": self.store / "commitlog",
+            "autoCreateTopicEnable": "true", "autoCreateSubscriptionGroup": "true",
+            "enablePropertyFilter": "true",
+            "mappedFileSizeCommitLog": self.commitlog_size,
+            "mappedFileSizeConsumeQueue": self.cq_units * 20,
+            "maxHashSlotNum": INDEX_SLOTS, "maxIndexNum": INDEX_ENTRIES,
+            "diskMaxUsedSpaceRatio": 95, "diskSpaceWarningLevelRatio": 0.98,
+            "diskSpaceCleanForciblyRatio": 0.97, "deleteWhen": "04", "fileReservedTime": 720,
+            "transientStorePoolEnable": "false", "timerWheelEnable": "false",
+            "sendMessageThreadPoolNums": 1, "pullMessageThreadPoolNums": 2,
+            "queryMessageThreadPoolNums": 1, "adminBrokerThreadPoolNums": 2,
+            "clientManageThreadPoolNums": 2, "consumerManageThreadPoolNums": 2,
+            "heartbeatThreadPoolNums": 1, "endTransactionThreadPoolNums": 1,
+            "processReplyMessageThreadPoolNums": 1, "serverWorkerThreads": 2,
+            "serverCallbackExecutorThreads": 1, "serverSelectorThreads": 1,
+            "flushConsumerOffsetInterval": 1000,
+            "brokerHeartbeatInterval": 5000,
+        }
+        props.update(self.extra)
+        return props
+
+    def args(self) -> list[str]:
+        self.store.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "broker.properties"
+        conf.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        return ["-c", str(conf), "-n", self.namesrv]
+
+
+def java_class_path(jars: Path) -> str:
+    return f"{jars}/*"
+
+
+class Cluster:
+    """A NameServer and ``len(broker_names)`` brokers of one version, under ``workdir``.
+
+    ``wait_registered`` polls GET_BROKER_CLUSTER_INFO through rmq_source's own remoting client until
+    every broker is listed. ``stop()`` stops every JVM started (brokers first).
+    """
+
+    def __init__(self, version: str, jars: Path, workdir: Path, *, broker_names=("broker-a",),
+                 cluster: str = "DefaultCluster"):
+        self.version = version
+        self.jars = Path(jars)
+        self.workdir = Path(workdir)
+        self.cluster_name = cluster
+        self.namesrv = NameServer(version, jars, self.workdir / "namesrv")
+        self.brokers: dict[str, Broker] = {}
+        self._broker_names = tuple(broker_names)
+        self.started: list[JavaServer] = []
+
+    @property
+    def namesrv_addr(self) -> str:
+        return self.namesrv.addr
+
+    def start(self) -> "Cluster":
+        try:
+            self.namesrv.start()
+            self.started.append(self.namesrv)
+            for name in self._broker_names:
+                self.start_broker(name)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_broker(self, name: str, *, store: Path | None = None, workdir: Path | None = None,
+                     timeout: float = 90.0, **kw) -> Broker:
+        """Start (or restart, on the same port and store) broker ``name``; waits for registration."""
+        old = self.brokers.get(name)
+        if old is not None and old.alive():
+            raise RuntimeError(f"broker {name} is running")
+        if old is not None and store is None and workdir is None:
+            broker = old                      # restart on the same port and store
+        else:
+            broker = Broker(self.version, self.jars, workdir or self.workdir / f"{name}-{len(self.started)}",
+                            namesrv=self.namesrv.addr, name=name, cluster=self.cluster_name,
+                            store=store, **kw)
+        self.brokers[name] = broker
+        broker.start(timeout)
+        if broker not in self.started:
+            self.started.append(broker)
+        self.wait_registered(name, broker.addr, timeout=timeout)
+        return broker
+
+    def wait_registered(self, name: str, addr: str, timeout: float = 60.0) -> None:
+        from rmq_source.remote import RemotingClient
+        from rmq_source.remote import requests as rq
+        deadline = time.monotonic() + timeout
+        last = None
+        with RemotingClient(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    info = rq.cluster_info(client, self.namesrv.addr)
+                    if info.master_addr(name) == addr:
+                        return
+                    last = info
+                except Exception as exc:       # noqa: BLE001 - retried until the deadline
+                    last = exc
+                time.sleep(0.2)
+        raise ServerError(f"broker {name} at {addr} not in the NameServer's cluster info after "
+                          f"{timeout:.0f} s (last: {last!r}):\n{self.log_tails()}")
+
+    def stop_broker(self, name: str) -> int | None:
+        return self.brokers[name].stop()
+
+    def stop(self) -> None:
+        for server in reversed(self.started):
+            server.stop()
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(s.log_tails(lines) for s in [self.namesrv, *self.brokers.values()])
+
+    def alive(self) -> bool:
+        return self.namesrv.alive() and all(b.alive() for b in self.brokers.values())

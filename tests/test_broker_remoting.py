@@ -1,0 +1,160 @@
+"""rmq_source.remote against real NameServers and brokers (4.9.x and 5.3.x)."""
+from __future__ import annotations
+
+import time
+import uuid
+import zlib
+
+import pytest
+
+from rmq_source.errors import RmqBrokerError
+from rmq_source.remote import Connection, RemotingClient
+from rmq_source.remote import frames
+from rmq_source.remote import requests as rq
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def client():
+    with RemotingClient(timeout=10.0) as c:
+        yield c
+
+
+def new_topic(rocketmq, client, queues=2) -> str:
+    topic = f"T_{uuid.uuid4().hex[:10]}"
+    broker = rocketmq.brokers["broker-a"].addr
+    rq.create_topic(client, broker, topic, read_queues=queues)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            route = rq.topic_route(client, rocketmq.namesrv_addr, topic)
+            if route.queue_datas:
+                return topic
+        except RmqBrokerError as exc:
+            assert exc.code == rq.TOPIC_NOT_EXIST, exc
+        assert time.monotonic() < deadline, "topic never appeared in the route"
+        time.sleep(0.2)
+
+
+def test_cluster_info_and_route(rocketmq, client):
+    # cluster info keeps fastjson's unquoted integer keys ({0:"addr"}) in both versions
+    raw = client.invoke(rocketmq.namesrv_addr, rq.GET_BROKER_CLUSTER_INFO).body
+    assert b'"brokerAddrs":{0:"' in raw
+    info = rq.cluster_info(client, rocketmq.namesrv_addr)
+    broker = rocketmq.brokers["broker-a"]
+    assert info.master_addr("broker-a") == broker.addr
+    assert info.clusters["DefaultCluster"] == ["broker-a"]
+    topic = new_topic(rocketmq, client, queues=3)
+    route = rq.topic_route(client, rocketmq.namesrv_addr, topic)
+    assert route.master_addrs() == {"broker-a": broker.addr}
+    assert route.write_queues() == {"broker-a": 3}
+    with pytest.raises(RmqBrokerError) as err:
+        rq.topic_route(client, rocketmq.namesrv_addr, "NoSuchTopic_" + uuid.uuid4().hex[:6])
+    assert err.value.code == rq.TOPIC_NOT_EXIST
+    assert rocketmq.namesrv_addr in str(err.value) and "GET_ROUTEINFO_BY_TOPIC" in str(err.value)
+
+
+def test_binary_header_requests(rocketmq, client):
+    # 4.9.x answers in the request's serialize type (binary here); 5.3.x in its own (JSON)
+    with Connection(rocketmq.namesrv_addr, serialize_type=frames.SERIALIZE_ROCKETMQ) as conn:
+        answer = conn.invoke(rq.GET_BROKER_CLUSTER_INFO, timeout=10)
+    assert answer.code == 0
+    assert answer.serialize_type == (frames.SERIALIZE_ROCKETMQ if rocketmq.version.startswith("4.")
+                                     else frames.SERIALIZE_JSON)
+    with RemotingClient(serialize_type=frames.SERIALIZE_ROCKETMQ) as binary:
+        info = rq.cluster_info(binary, rocketmq.namesrv_addr)
+        assert info.master_addr("broker-a") == rocketmq.brokers["broker-a"].addr
+        topic = new_topic(rocketmq, client)
+        addr = rocketmq.brokers["broker-a"].addr
+        assert rq.max_offset(binary, addr, topic, 0) == 0
+
+
+def test_send_pull_offsets(rocketmq, client):
+    addr = rocketmq.brokers["broker-a"].addr
+    topic = new_topic(rocketmq, client)
+    before = int(time.time() * 1000)
+    sent = []
+    for i in range(5):
+        r = rq.send_message(client, addr, topic, f"body-{i}".encode(), queue_id=1, tags="TagA" if i % 2 else "TagB",
+                            keys=[f"k{i}", "common"], properties={"color": "red", "n": str(i)})
+        assert (r.queue_id, r.queue_offset) == (1, i)
+        sent.append(r)
+    big = b"x" * 10000
+    rz = rq.send_message(client, addr, topic, big, queue_id=1, compress=True, tags="Z")
+    batch = rq.send_batch(client, addr, topic, [{"body": f"b{i}".encode(), "tags": "Bt", "keys": f"bk{i}",
+                                                  "properties": {"i": str(i)}} for i in range(4)], queue_id=1)
+    assert batch.queue_offset == 6
+    # the send answer can come before the ConsumeQueue dispatch (seen on 5.3.3 under load)
+    assert rq.wait_max_offset(client, addr, topic, 1, 10) == 10
+    assert rq.min_offset(client, addr, topic, 1) == 0
+    assert rq.max_offset(client, addr, topic, 0) == 0
+    assert rq.offset_by_timestamp(client, addr, topic, 1, before - 60000) == 0
+
+    result = rq.pull(client, addr, "g_" + topic, topic, 1, 0, max_nums=32)
+    assert result.found and result.next_begin_offset == 10 and result.max_offset == 10
+    recs = result.records()
+    assert [r.queue_offset for r in recs] == list(range(10))
+    for i, rec in enumerate(recs[:5]):
+        assert rec.topic == topic and rec.queue_id == 1
+        assert rec.body == f"body-{i}".encode()
+        assert rec.properties["TAGS"] == ("TagA" if i % 2 else "TagB")
+        assert rec.properties["KEYS"] == f"k{i} common"
+        assert rec.properties["color"] == "red" and rec.properties["n"] == str(i)
+        assert rec.properties["UNIQ_KEY"] == sent[i].uniq_keys[0]
+        from rmq_source.record_codec import offset_msg_id
+        assert offset_msg_id(rec.store_host, rec.physical_offset) == sent[i].offset_msg_id
+    assert recs[5].sys_flag & 1 and zlib.decompress(recs[5].body) == big
+    assert recs[5].properties["UNIQ_KEY"] == rz.uniq_keys[0]
+    for i, rec in enumerate(recs[6:]):
+        assert rec.body == f"b{i}".encode() and rec.properties["KEYS"] == f"bk{i}"
+        assert rec.properties["i"] == str(i) and rec.properties["UNIQ_KEY"] == batch.uniq_keys[i]
+
+    # tag filter (hash on the broker), from an offset, and at the end
+    tagged = rq.pull(client, addr, "g_" + topic, topic, 1, 0, subscription="TagA")
+    assert [r.queue_offset for r in tagged.records()] == [1, 3]
+    assert [r.queue_offset for r in rq.pull(client, addr, "g2", topic, 1, 7).records()] == [7, 8, 9]
+    end = rq.pull(client, addr, "g_" + topic, topic, 1, 10)
+    assert end.code in (rq.PULL_NOT_FOUND, rq.PULL_OFFSET_MOVED) and not end.found
+    assert end.next_begin_offset == 10
+    assert rq.pull(client, addr, "g_" + topic, topic, 1, 50).next_begin_offset == 10
+    # long polling: the answer comes when a message arrives, well before the suspend timeout
+    t0 = time.monotonic()
+    import threading
+    threading.Timer(0.5, lambda: rq.send_message(client, addr, topic, b"late", queue_id=1)).start()
+    held = rq.pull(client, addr, "g_" + topic, topic, 1, 10, suspend_ms=8000)
+    assert held.found and [r.body for r in held.records()] == [b"late"]
+    assert time.monotonic() - t0 < 7
+
+
+def test_consumer_offsets_heartbeat_locks(rocketmq, client):
+    addr = rocketmq.brokers["broker-a"].addr
+    topic = new_topic(rocketmq, client)
+    group = "cg_" + topic
+    # 4.9.x has no setZeroIfNotFound: a new group on a queue whose first message is still in memory
+    # (never swapped out) gets 0; 5.x answers QUERY_NOT_FOUND when asked not to invent 0.
+    expected_new = 0 if rocketmq.version.startswith("4.") else None
+    assert rq.query_consumer_offset(client, addr, group, topic, 0) == expected_new
+    cid_a, cid_b = "127.0.0.1@a-" + topic, "127.0.0.1@b-" + topic
+    # 5.x refuses UPDATE_CONSUMER_OFFSET (26, group not exist) for a group the broker has not seen;
+    # a heartbeat (or a pull) auto-creates it.
+    rq.heartbeat(client, addr, cid_a, consumer_groups={group: [topic]})
+    rq.update_consumer_offset(client, addr, group, topic, 0, 7)
+    assert rq.query_consumer_offset(client, addr, group, topic, 0) == 7
+    with RemotingClient() as other:
+        rq.heartbeat(other, addr, cid_b, consumer_groups={group: [topic]})
+        assert sorted(rq.consumer_list(client, addr, group)) == sorted([cid_a, cid_b])
+        queues = [(topic, "broker-a", 0), (topic, "broker-a", 1)]
+        assert rq.lock_batch(client, addr, group, cid_a, queues) == set(queues)
+        assert rq.lock_batch(other, addr, group, cid_b, queues) == set()
+        rq.unlock_batch(client, addr, group, cid_a, queues[:1])
+        assert rq.lock_batch(other, addr, group, cid_b, queues) == {queues[0]}
+
+
+def test_broker_error_names_request_and_peer(rocketmq, client):
+    addr = rocketmq.brokers["broker-a"].addr
+    with pytest.raises(RmqBrokerError) as err:
+        client.invoke(addr, 99999)
+    assert err.value.code != 0 and addr in str(err.value)
+    # the connection still works after an error answer
+    assert rq.cluster_info(client, rocketmq.namesrv_addr).master_addr("broker-a") == addr

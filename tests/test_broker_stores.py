@@ -1,0 +1,305 @@
+"""Stores crossing between rmq_source and real RocketMQ brokers (4.9.x and 5.3.x).
+
+1. A store written by our writer (several CommitLog files, compressed bodies, IPv6 hosts, keys,
+   properties; and one topic written by ``rmq-store generate``) is started under a real broker: every
+   message pulled through the broker equals what our reader reads; the broker then takes new messages
+   after ours, and our reader reads both once it stopped.
+2. Messages sent to a real broker by our remoting client are read by ``Store`` from the broker's store
+   folder while it runs (a prefix: dispatch may lag) and after it stops, equal to the broker's pull.
+"""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+
+import rocketmq_cluster as rc_cluster
+from rmq_source import record_codec
+from rmq_source.bodies import decompress_body
+from rmq_source.remote import RemotingClient
+from rmq_source.remote import requests as rq
+from rmq_source.store import Store
+from rmq_source.writer import StoreWriter
+
+pytestmark = pytest.mark.broker
+
+
+def pull_all(client, addr, topic, queue_id, start=0):
+    out, offset = [], start
+    while True:
+        r = rq.pull(client, addr, "cmp_" + topic, topic, queue_id, offset, max_nums=32)
+        if not r.found:
+            assert r.code == rq.PULL_NOT_FOUND or r.next_begin_offset == offset, (r.code, r.remark)
+            return out
+        recs = r.records()
+        assert recs and recs[0].queue_offset == offset
+        out += recs
+        offset = r.next_begin_offset
+
+
+def store_rows(store_root, broker_name, topic, queue_id):
+    with Store(store_root, broker_name=broker_name) as st:
+        end = st.max_offset(topic, queue_id)
+        return st.read(topic, queue_id, st.min_offset(topic, queue_id), end).to_pylist()
+
+
+def assert_same(rows, recs):
+    """Rows of our reader equal the broker's pulled records, field by field."""
+    assert [r["queueOffset"] for r in rows] == [p.queue_offset for p in recs]
+    for row, rec in zip(rows, recs):
+        where = f"queue offset {rec.queue_offset}"
+        assert row["commitLogOffset"] == rec.physical_offset, where
+        assert row["storeSize"] == rec.total_size, where
+        assert row["msgId"] == record_codec.offset_msg_id(rec.store_host, rec.physical_offset), where
+        assert row["uniqKey"] == rec.properties.get("UNIQ_KEY"), where
+        assert row["tags"] == rec.properties.get("TAGS"), where
+        assert (row["keys"] or []) == (rec.properties.get("KEYS", "").split() or []), where
+        assert dict(row["properties"]) == rec.properties, where
+        assert row["body"] == decompress_body(rec.body, rec.sys_flag), where
+        assert row["sysFlag"] == rec.sys_flag and row["flag"] == rec.flag, where
+        assert row["bodyCRC"] == rec.body_crc, where
+        assert row["storeHost"] == record_codec.java_host_string(rec.store_host), where
+        assert row["bornHost"] == record_codec.java_host_string(rec.born_host), where
+
+
+def write_store(root, style):
+    """Our writer's store: topic W (2 queues) over several CommitLog files, plus topic G by the CLI."""
+    rnd = random.Random(7)
+    expected = []
+    with StoreWriter(root, broker_name="broker-w", commitlog_file_size=rc_cluster.COMMITLOG_SIZE,
+                     cq_units_per_file=rc_cluster.CQ_UNITS, properties_style=style) as w:
+        w.create_topic("W", 2)
+        for i in range(600):
+            body = bytes(rnd.getrandbits(8) for _ in range(64)) * (200 + i % 50)
+            opts = {}
+            if i % 3 == 0:
+                opts["compression"] = "zlib"
+            if i % 5 == 0:
+                opts["born_host"] = "[::1]:40001"
+            if i % 7 == 0:
+                opts["store_host"] = "[::1]:10911"
+            res = w.append("W", body, queue_id=i % 2, tags=f"T{i % 4}", keys=[f"k{i}", "all"],
+                           properties={"n": str(i), "p": "v\u00e9"}, flag=i, **opts)
+            expected.append(res)
+        w.append_batch("W", [b"batch-%d" % j for j in range(5)], queue_id=0, tags="B", keys="bk")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(rc_cluster.Path(__file__).parents[1]),
+                                                                  os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, "-m", "rmq_source", "generate", "--topic", "G", "--queues", "3",
+                    "--messages", "300", "--body-size", "500", "--tags", "a,b,c", "--keys-per-message", "2",
+                    "--broker-name", "broker-w", "--no-progress", "--seed", "3", str(root)],
+                   check=True, env=env, capture_output=True, timeout=120)
+    return expected
+
+
+def test_our_store_served_by_real_broker(rocketmq, tmp_path):
+    style = "4.9.3" if rocketmq.version.startswith("4.") else "5.3.3"
+    root = tmp_path / "store"
+    write_store(root, style)
+    files = sorted(os.listdir(root / "commitlog"))
+    assert len(files) >= 3, files
+    before = {(t, q): store_rows(root, "broker-w", t, q) for t, qs in (("W", 2), ("G", 3)) for q in range(qs)}
+
+    broker = rocketmq.start_broker("broker-w", store=root, workdir=tmp_path / "broker-w")
+    try:
+        with RemotingClient(timeout=15) as client:
+            for (topic, q), rows in before.items():
+                assert rq.max_offset(client, broker.addr, topic, q) == len(rows)
+                assert_same(rows, pull_all(client, broker.addr, topic, q))
+            # the broker takes new messages after ours, on the same queues
+            sent = [rq.send_message(client, broker.addr, "W", b"new-%d" % i, queue_id=i % 2, tags="N",
+                                    keys=["nk"], properties={"after": "ours"}, compress=i == 3)
+                    for i in range(6)]
+            assert [s.queue_offset for s in sent[:2]] == [len(before["W", 0]), len(before["W", 1])]
+            for q in range(2):
+                rq.wait_max_offset(client, broker.addr, "W", q, len(before["W", q]) + 3)
+            pulled = {q: pull_all(client, broker.addr, "W", q) for q in range(2)}
+    finally:
+        rocketmq.stop_broker("broker-w")
+    assert not (root / "abort").exists()
+    for q in range(2):
+        rows = store_rows(root, "broker-w", "W", q)
+        assert len(rows) == len(before["W", q]) + 3
+        assert rows[:len(before["W", q])] == before["W", q]
+        assert_same(rows, pulled[q])
+        assert [r["body"] for r in rows[-3:]] == [b"new-%d" % i for i in range(q, 6, 2)]
+
+
+JAVA_PRODUCER = r"""
+import java.nio.charset.StandardCharsets;
+import java.util.List;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.MessageQueueSelector;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageQueue;
+
+public class Produce {
+    public static void main(String[] args) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("java_producer");
+        p.setNamesrvAddr(args[0]);
+        p.setInstanceName("rmq-test-" + System.nanoTime());
+        p.start();
+        int n = Integer.parseInt(args[2]);
+        MessageQueueSelector byKey = (List<MessageQueue> mqs, Message m, Object arg) ->
+            mqs.get(((Integer) arg) % mqs.size());
+        for (int i = 0; i < n; i++) {
+            StringBuilder b = new StringBuilder();
+            int reps = i % 3 == 0 ? 900 : 3;          // > 4 KiB: the client compresses the body
+            for (int r = 0; r < reps; r++) b.append("java-").append(i).append('-');
+            Message m = new Message(args[1], "jt" + (i % 2), "jk" + i + " jall",
+                                    b.toString().getBytes(StandardCharsets.UTF_8));
+            m.putUserProperty("ji", Integer.toString(i));
+            SendResult r = i % 2 == 0 ? p.send(m, byKey, i / 2) : p.send(m);
+            System.out.println("SENT " + r.getMessageQueue().getQueueId() + " " + r.getQueueOffset()
+                               + " " + r.getMsgId() + " " + r.getOffsetMsgId());
+        }
+        p.shutdown();
+    }
+}
+"""
+
+JAVA_CONSUMER = r"""
+import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
+import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.client.impl.consumer.DefaultMQPullConsumerImpl;
+import org.apache.rocketmq.common.message.MessageQueue;
+
+public class Consume {
+    public static void main(String[] args) throws Exception {
+        DefaultMQPullConsumer c = new DefaultMQPullConsumer(args[2]);
+        c.setNamesrvAddr(args[0]);
+        c.setInstanceName("rmq-test-" + System.nanoTime());
+        c.start();
+        java.lang.reflect.Field f = DefaultMQPullConsumer.class.getDeclaredField("defaultMQPullConsumerImpl");
+        f.setAccessible(true);
+        DefaultMQPullConsumerImpl impl = (DefaultMQPullConsumerImpl) f.get(c);
+        for (MessageQueue mq : c.fetchSubscribeMessageQueues(args[1])) {
+            PullResult r = c.pull(mq, "*", 0, 32);
+            long commit = Math.min(r.getNextBeginOffset(), 1 + mq.getQueueId());
+            c.updateConsumeOffset(mq, commit);
+            // a pull consumer persists only rebalanced queues at shutdown: commit to the broker now
+            impl.getOffsetStore().updateConsumeOffsetToBroker(mq, commit, false);
+            System.out.println("COMMIT " + mq.getQueueId() + " " + commit + " " + r.getPullStatus());
+        }
+        c.shutdown();
+    }
+}
+"""
+
+
+def run_java(rocketmq, workdir, main, *args):
+    """Compile (once) and run a few lines of Java with the real client; returns its stdout lines."""
+    if rc_cluster.shutil.which("javac") is None:
+        rocketmq_skip("the Java client tests need a JDK 17 (javac)")
+    src = workdir / "java"
+    cp = rc_cluster.java_class_path(rocketmq.jars)
+    if not src.is_dir():
+        src.mkdir()
+        (src / "Produce.java").write_text(JAVA_PRODUCER)
+        (src / "Consume.java").write_text(JAVA_CONSUMER)
+        subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "Produce.java"),
+                        str(src / "Consume.java")], check=True, capture_output=True, timeout=180)
+    out = subprocess.run(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
+                          f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
+                          "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def rocketmq_skip(reason):
+    from conftest import broker_unavailable
+    broker_unavailable(reason)
+
+
+def run_java_producer(rocketmq, workdir, topic, count):
+    lines = run_java(rocketmq, workdir, "Produce", topic, str(count))
+    return [line.split()[1:] for line in lines if line.startswith("SENT ")]
+
+
+def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
+    broker = rocketmq.start_broker("broker-c", workdir=tmp_path / "broker-c")
+    root = broker.store
+    topic = "S"
+    try:
+        with RemotingClient(timeout=15) as client:
+            rq.create_topic(client, broker.addr, topic, read_queues=2)
+            rnd = random.Random(5)
+            for i in range(40):
+                rq.send_message(client, broker.addr, topic, bytes(rnd.getrandbits(8) for _ in range(300)) * (1 + i),
+                                queue_id=i % 2, tags=f"t{i % 3}", keys=[f"k{i}"],
+                                properties={"i": str(i)}, compress=i % 4 == 0, flag=i)
+            rq.send_batch(client, broker.addr, topic, [{"body": b"b%d" % j, "tags": "bt", "keys": f"bk{j}",
+                                                        "properties": {"j": str(j)}} for j in range(7)],
+                          queue_id=1)
+            assert [rq.wait_max_offset(client, broker.addr, topic, q, n) for q, n in ((0, 20), (1, 27))] == [20, 27]
+            pulled = {q: pull_all(client, broker.addr, topic, q) for q in range(2)}
+            assert [len(pulled[0]), len(pulled[1])] == [20, 27]
+            # live: what our reader sees while the broker runs is a prefix of the pull
+            deadline = time.monotonic() + 20
+            for q in range(2):
+                while True:
+                    rows = store_rows(root, "broker-c", topic, q)
+                    assert_same(rows, pulled[q][:len(rows)])
+                    if len(rows) == len(pulled[q]) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.3)
+                assert len(rows) == len(pulled[q])
+            # the real Java producer: tags, keys, user properties, bodies it compresses, a queue selector
+            rq.create_topic(client, broker.addr, "J", read_queues=3)
+            while not rq.topic_route(client, rocketmq.namesrv_addr, "J").queue_datas:
+                time.sleep(0.2)
+            sent = run_java_producer(rocketmq, tmp_path, "J", 12)
+            assert len(sent) == 12
+            last = {}
+            for queue_id, offset, _, _ in sent:
+                last[int(queue_id)] = max(last.get(int(queue_id), 0), int(offset) + 1)
+            for q, n in last.items():
+                rq.wait_max_offset(client, broker.addr, "J", q, n)
+            java_pulled = {q: pull_all(client, broker.addr, "J", q) for q in range(3)}
+            by_uniq = {r.properties["UNIQ_KEY"]: r for recs in java_pulled.values() for r in recs}
+            for i, (queue_id, offset, uniq, offset_id) in enumerate(sent):
+                rec = by_uniq[uniq]
+                assert (rec.queue_id, rec.queue_offset) == (int(queue_id), int(offset))
+                assert record_codec.offset_msg_id(rec.store_host, rec.physical_offset) == offset_id
+                if i % 2 == 0:
+                    assert rec.queue_id == (i // 2) % 3
+                assert rec.properties["TAGS"] == f"jt{i % 2}" and rec.properties["KEYS"] == f"jk{i} jall"
+                assert rec.properties["ji"] == str(i)
+                assert bool(rec.sys_flag & 1) == (i % 3 == 0)
+                reps = 900 if i % 3 == 0 else 3
+                assert decompress_body(rec.body, rec.sys_flag) == (f"java-{i}-" * reps).encode()
+            # a real Java consumer group commits offsets; the broker persists consumerOffset.json
+            commits = {int(q): int(o) for _, q, o, _ in (line.split() for line in
+                       run_java(rocketmq, tmp_path, "Consume", "J", "java_group") if line.startswith("COMMIT "))}
+            assert commits == {0: 1, 1: 2, 2: 3}
+            for q, o in commits.items():
+                assert rq.query_consumer_offset(client, broker.addr, "java_group", "J", q) == o
+    finally:
+        rocketmq.stop_broker("broker-c")
+    for q in range(2):
+        assert_same(store_rows(root, "broker-c", topic, q), pulled[q])
+    for q in range(3):
+        assert_same(store_rows(root, "broker-c", "J", q), java_pulled[q])
+    with Store(root, broker_name="broker-c") as st:
+        assert st.consumer_offsets()[("J", "java_group")] == commits
+
+    # format("rmq") on the broker's store: everything, then from the Java group's committed offsets
+    def load(**options):
+        reader = spark.read.format("rmq").option("storePath", str(root)).option("brokerName", "broker-c")
+        for k, v in {"topic": "J", **options}.items():
+            reader = reader.option(k, v)
+        return {(r.queueId, r.queueOffset): (r.msgId, r.uniqKey, bytes(r.body), r.tags)
+                for r in reader.load().collect()}
+    expected = {(r.queue_id, r.queue_offset): (record_codec.offset_msg_id(r.store_host, r.physical_offset),
+                                               r.properties["UNIQ_KEY"], decompress_body(r.body, r.sys_flag),
+                                               r.properties["TAGS"])
+                for recs in java_pulled.values() for r in recs}
+    assert load() == expected
+    from_group = load(startingOffsets="group", consumerGroup="java_group")
+    assert from_group == {k: v for k, v in expected.items() if k[1] >= commits[k[0]]}

@@ -1,0 +1,252 @@
+"""The remoting frame codec and connection against a small local peer that misbehaves."""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq_source.errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
+                               RmqRemotingProtocolError, RmqRemotingTimeoutError, RmqSourceError)
+from rmq_source.remote import Connection, RemotingClient, frames
+from rmq_source.remote.frames import RemotingCommand
+
+
+class Peer:
+    """A one-connection server on loopback; ``script(conn, request_frames)`` decides what to send."""
+
+    def __init__(self, script):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.script = script
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(5)
+            try:
+                self.script(conn)
+            except OSError:
+                pass
+            time.sleep(0.3)
+
+    def close(self):
+        self.sock.close()
+
+
+def read_request(conn) -> RemotingCommand:
+    head = b""
+    while len(head) < 4:
+        head += conn.recv(4 - len(head))
+    total = struct.unpack(">i", head)[0]
+    data = b""
+    while len(data) < total:
+        data += conn.recv(total - len(data))
+    return frames.decode(data)
+
+
+def answer(req, code=0, body=b"", ext=None, stype=frames.SERIALIZE_JSON, remark=None) -> bytes:
+    return frames.encode(RemotingCommand(code, ext or {}, body, opaque=req.opaque, flag=1,
+                                         serialize_type=stype, remark=remark, language="JAVA"))
+
+
+@pytest.fixture
+def peer():
+    peers = []
+
+    def make(script):
+        p = Peer(script)
+        peers.append(p)
+        return p
+    yield make
+    for p in peers:
+        p.close()
+
+
+@pytest.mark.parametrize("stype", [frames.SERIALIZE_JSON, frames.SERIALIZE_ROCKETMQ])
+def test_answers_in_either_header_form(peer, stype):
+    def script(conn):
+        req = read_request(conn)
+        conn.sendall(answer(req, ext={"offset": "42", "k": "v"}, body=b"payload", stype=stype))
+    p = peer(script)
+    with Connection(p.addr) as c:
+        resp = c.invoke(30, {"topic": "T", "queueId": 1}, timeout=5)
+    assert (resp.code, resp.ext_fields, resp.body, resp.serialize_type) == (0, {"offset": "42", "k": "v"},
+                                                                          b"payload", stype)
+
+
+def test_answers_matched_by_opaque_out_of_order(peer):
+    def script(conn):
+        a, b = read_request(conn), read_request(conn)
+        conn.sendall(answer(b, ext={"n": b.ext_fields["n"]}) + answer(a, ext={"n": a.ext_fields["n"]}))
+    p = peer(script)
+    results = {}
+    with Connection(p.addr) as c:
+        threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, c.invoke(30, {"n": n}, timeout=5)))
+                   for n in ("1", "2")]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(10)
+    assert {n: r.ext_fields["n"] for n, r in results.items()} == {"1": "1", "2": "2"}
+
+
+def test_oversized_frame_fails_with_peer_and_request(peer):
+    def script(conn):
+        read_request(conn)
+        conn.sendall(struct.pack(">i", frames.MAX_FRAME + 1) + b"\0" * 64)
+    p = peer(script)
+    c = Connection(p.addr)
+    t0 = time.monotonic()
+    with pytest.raises(RmqRemotingProtocolError) as err:
+        c.invoke(105, {"topic": "Big"}, timeout=5)
+    assert time.monotonic() - t0 < 3
+    msg = str(err.value)
+    assert "16777216" in msg and p.addr in msg and "GET_ROUTEINFO_BY_TOPIC" in msg and "topic=Big" in msg
+    assert isinstance(err.value, RmqSourceError) and isinstance(err.value, OSError)
+    with pytest.raises(RmqRemotingConnectionError):      # the connection is closed after that
+        c.invoke(105, {"topic": "Big"}, timeout=5)
+
+
+def test_truncated_frame(peer):
+    def script(conn):
+        req = read_request(conn)
+        conn.sendall(answer(req, body=b"x" * 100)[:-30])
+        conn.shutdown(socket.SHUT_WR)
+    p = peer(script)
+    with Connection(p.addr) as c, pytest.raises(RmqRemotingConnectionError) as err:
+        c.invoke(30, {"topic": "T"}, timeout=5)
+    assert "truncated frame" in str(err.value) and p.addr in str(err.value)
+    assert isinstance(err.value, ConnectionError)
+
+
+@pytest.mark.parametrize("bad", [
+    struct.pack(">ii", 4, 9 << 24),                       # unknown serialize type
+    struct.pack(">ii", 8, 100) + b"abcd",                 # header longer than the frame
+    struct.pack(">ii", 9, 5) + b"{oops",                  # JSON header that is not JSON
+    struct.pack(">ii", 2, 0),                             # length shorter than its own field
+    struct.pack(">ii", 14, 10) + struct.pack(">hBhii", 0, 0, 0, 0, 1)[:10],   # binary header cut short
+], ids=["serialize-type", "header-length", "json", "short-length", "binary-header"])
+def test_bad_frames_are_protocol_errors(peer, bad):
+    if bad[4] == 0 and len(bad) == 14:
+        bad = struct.pack(">ii", 14, (1 << 24) | 10) + bad[8:]
+    def script(conn):
+        read_request(conn)
+        conn.sendall(bad)
+    p = peer(script)
+    with Connection(p.addr) as c, pytest.raises(RmqRemotingProtocolError) as err:
+        c.invoke(31, {"topic": "T"}, timeout=5)
+    assert p.addr in str(err.value) and "GET_MIN_OFFSET" in str(err.value)
+
+
+def test_timeout_when_peer_is_silent_and_late_answer_is_dropped(peer):
+    gate = threading.Event()
+
+    def script(conn):
+        first = read_request(conn)
+        gate.wait(5)
+        conn.sendall(answer(first, ext={"which": "late"}))
+        second = read_request(conn)
+        conn.sendall(answer(second, ext={"which": "second"}))
+    p = peer(script)
+    with Connection(p.addr) as c:
+        t0 = time.monotonic()
+        with pytest.raises(RmqRemotingTimeoutError) as err:
+            c.invoke(30, {"topic": "T"}, timeout=0.5)
+        assert 0.4 < time.monotonic() - t0 < 2
+        assert isinstance(err.value, TimeoutError) and "GET_MAX_OFFSET" in str(err.value)
+        gate.set()
+        assert c.invoke(30, timeout=5).ext_fields == {"which": "second"}
+
+
+def test_unknown_answer_code_is_broker_error(peer):
+    def script(conn):
+        req = read_request(conn)
+        conn.sendall(answer(req, code=12345, remark="what is this"))
+    p = peer(script)
+    with RemotingClient(timeout=5) as client, pytest.raises(RmqBrokerError) as err:
+        client.invoke(p.addr, 11, {"topic": "T", "queueId": 0})
+    assert err.value.code == 12345 and err.value.remark == "what is this"
+    assert "PULL_MESSAGE" in str(err.value) and p.addr in str(err.value)
+
+
+def test_server_request_answered_not_supported_and_oneway(peer):
+    got = {}
+
+    def script(conn):
+        conn.sendall(frames.encode(RemotingCommand(307, {"consumerGroup": "g"}, opaque=99, language="JAVA")))
+        got["answer"] = read_request(conn)
+        got["oneway"] = read_request(conn)
+    p = peer(script)
+    with Connection(p.addr) as c:
+        time.sleep(0.3)
+        c.invoke_oneway(15, {"x": "1"})
+        p.thread.join(5)
+    assert got["answer"].is_response and got["answer"].opaque == 99
+    assert got["answer"].code == 3
+    assert got["oneway"].is_oneway and got["oneway"].ext_fields == {"x": "1"}
+
+
+def test_connect_refused_and_closed_peer():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(RmqRemotingConnectionError) as err:
+        Connection(f"127.0.0.1:{port}")
+    assert f"127.0.0.1:{port}" in str(err.value)
+
+
+def test_peer_closes_without_answer(peer):
+    def script(conn):
+        read_request(conn)
+    p = peer(script)
+    with Connection(p.addr) as c, pytest.raises(RmqRemotingConnectionError) as err:
+        c.invoke(30, timeout=5)
+    assert "closed by the peer" in str(err.value)
+
+
+def test_sending_oversized_frame_is_refused_before_sending(peer):
+    p = peer(lambda conn: time.sleep(1))
+    with Connection(p.addr) as c, pytest.raises(RmqRemotingProtocolError):
+        c.invoke(10, {"topic": "T"}, b"\0" * frames.MAX_FRAME, timeout=5)
+
+
+def test_fastjson_integer_keys():
+    text = '{"brokerAddrTable":{"b":{"brokerAddrs":{0:"127.0.0.1:1",1:"x,2:y"}}},"n":{-1:"a"}}'
+    data = frames.loads_fastjson(text)
+    assert data["brokerAddrTable"]["b"]["brokerAddrs"] == {"0": "127.0.0.1:1", "1": "x,2:y"}
+    assert data["n"] == {"-1": "a"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(code=st.integers(-32768, 32767), opaque=st.integers(0, 2**31 - 1), flag=st.integers(0, 3),
+       remark=st.one_of(st.none(), st.text(min_size=1, max_size=20)),
+       ext=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=20), max_size=5),
+       body=st.binary(max_size=64), stype=st.sampled_from([0, 1]))
+def test_roundtrip(code, opaque, flag, remark, ext, body, stype):
+    cmd = RemotingCommand(code, ext, body, opaque=opaque, flag=flag, remark=remark, serialize_type=stype)
+    out = frames.decode(frames.encode(cmd)[4:])
+    assert (out.code, out.opaque, out.flag, out.ext_fields, out.body, out.remark) == (
+        code, opaque, flag, ext, body, remark)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=80))
+def test_garbage_never_crashes(data):
+    try:
+        frames.decode(data)
+    except RmqRemotingError:
+        pass

@@ -1,0 +1,88 @@
+"""The cluster fixture's download cache and skip rules, with a stand-in ``mvn`` (no network)."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rocketmq_cluster as rc
+
+FAKE_MVN = """#!/bin/sh
+# stand-in for mvn: counts its runs, writes one jar per artifact into -DoutputDirectory
+echo run >> "$FAKE_MVN_LOG"
+for a in "$@"; do case "$a" in -DoutputDirectory=*) out="${a#-DoutputDirectory=}";; esac; done
+[ -n "$FAKE_MVN_FAIL" ] && { echo "Could not find artifact org.apache.rocketmq:rocketmq-broker:jar:$FAKE_MVN_FAIL"; exit 1; }
+mkdir -p "$out" && touch "$out/rocketmq-broker-x.jar" "$out/rocketmq-namesrv-x.jar"
+"""
+
+
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("mvn", FAKE_MVN), ("java", "#!/bin/sh\nexit 0\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv(rc.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_MVN_LOG", str(tmp_path / "mvn.log"))
+    return tmp_path
+
+
+def runs(tmp_path: Path) -> int:
+    log = tmp_path / "mvn.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_download_once_into_env_cache(fake_tools):
+    folder = rc.resolve_jars("9.9.9")
+    assert folder == fake_tools / "cache" / "rocketmq-9.9.9"
+    assert (folder / rc.MARKER).is_file() and (folder / "rocketmq-broker-x.jar").is_file()
+    assert rc.resolve_jars("9.9.9") == folder
+    assert runs(fake_tools) == 1
+
+
+def test_interrupted_download_is_redone(fake_tools):
+    folder = fake_tools / "cache" / "rocketmq-9.9.9"
+    folder.mkdir(parents=True)
+    (folder / "rocketmq-broker-half.jar").write_text("partial")      # no marker: incomplete
+    rc.resolve_jars("9.9.9")
+    assert runs(fake_tools) == 1 and not (folder / "rocketmq-broker-half.jar").exists()
+    assert (folder / rc.MARKER).is_file()
+
+
+def test_line_falls_back_to_older_version_and_remembers(fake_tools, monkeypatch):
+    monkeypatch.setattr(rc, "LINES", {"9.9": ("9.9.9", "9.9.8")})
+    monkeypatch.setenv("FAKE_MVN_FAIL", "x")
+    with pytest.raises(rc.BrokerUnavailable, match="no RocketMQ 9.9.x resolved"):
+        rc.resolve_line("9.9")
+    assert (fake_tools / "cache" / "rocketmq-9.9.9.unavailable").is_file()
+    monkeypatch.delenv("FAKE_MVN_FAIL")
+    (fake_tools / "cache" / "rocketmq-9.9.8.unavailable").unlink()
+    assert rc.resolve_line("9.9")[0] == "9.9.8"
+
+
+def test_missing_tools_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = rc.tool_missing()
+    assert "Java 17" in reason and "Maven" in reason
+    with pytest.raises(rc.BrokerUnavailable, match="Maven"):
+        rc.resolve_jars("4.9.7")
+
+
+@pytest.mark.parametrize("require, outcome", [("", "skipped"), ("1", "error")])
+def test_skip_becomes_failure_when_required(tmp_path, require, outcome):
+    test = tmp_path / "test_needs_broker.py"
+    test.write_text("import pytest\n\n@pytest.mark.broker\ndef test_x(rocketmq):\n    pass\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PATH=str(tmp_path), RMQ_REQUIRE_BROKER=require, PYTHONPATH=str(repo))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(repo),
+                           "-c", str(repo / "pyproject.toml"), "-p", "conftest", str(test),
+                           "-o", "testpaths=", "-rs"], capture_output=True, text=True, env=env, cwd=repo,
+                          timeout=120)
+    assert f"2 {outcome}" in proc.stdout, proc.stdout[-2000:]
+    assert "Java 17" in proc.stdout and "Maven" in proc.stdout
