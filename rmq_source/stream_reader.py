@@ -184,8 +184,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Whole messages within ``limit`` bytes in all, shared by byte backlog.
 
         Each queue first takes what fits in its share; the bytes that rounding to whole messages
-        leaves go to the queues with the most bytes left (ties: queue order), so equal queues take
-        turns. The total never exceeds ``limit``, except that one message is admitted when no
+        leaves go first to the queues that got nothing, then to those with the most bytes left
+        (ties: queue order), so a queue whose next message is larger than its share is not passed
+        over batch after batch. The total never exceeds ``limit``, except that one message is admitted when no
         queue's next message fits at all (progress over a message larger than the limit).
         """
         cap = limit // _MIN_RECORD_SIZE + 1          # no more units than could fit
@@ -200,7 +201,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             admitted[mq] = self._messages_within(cum, backlog[mq], 0, shares[mq])
             used[mq] = int(cum[admitted[mq] - 1]) if admitted[mq] else 0
         left = limit - sum(used.values())
-        by_bytes_left = sorted(sizes, key=lambda mq: (used[mq] - estimate[mq], mq))
+        # queues that got nothing first (a share smaller than their next message), then the most bytes left
+        by_bytes_left = sorted(sizes, key=lambda mq: (admitted[mq] > 0, used[mq] - estimate[mq], mq))
         for mq in by_bytes_left:
             more = self._messages_within(sizes[mq], backlog[mq], admitted[mq], left)
             if more:
