@@ -142,8 +142,8 @@ def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data
             raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip to the earliest "
                                    "available offset")
         if first < info.min_offset:
-            msg = (f"{mq}: offsets [{first}, {info.min_offset}) ({info.min_offset - first} messages) "
-                   "were deleted by retention before they were read")
+            msg = (f"{mq}: offsets [{first}, {info.min_offset}) ({info.min_offset - first} "
+                   "messages) were deleted by retention before they were read")
             log.warning("%s; skipping to offset %d (failOnDataLoss=false)", msg, info.min_offset,
                         extra={"rmq_lost": (mq, first, info.min_offset)})
         if reported is not None:

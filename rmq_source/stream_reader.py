@@ -169,7 +169,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         o = self.opts
         total = sum(backlog.values())
-        if o.min_messages_per_trigger and total < o.min_messages_per_trigger and self._target is None:
+        waits = self._target is None  # (not under Trigger.AvailableNow)
+        if waits and o.min_messages_per_trigger and total < o.min_messages_per_trigger:
             waited_ms = (time.monotonic() - self._last_batch_at) * 1000
             if waited_ms < o.max_trigger_delay_ms:
                 return {mq: 0 for mq in backlog}
@@ -186,8 +187,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Each queue first takes what fits in its share; the bytes that rounding to whole messages
         leaves go first to the queues that got nothing, then to those with the most bytes left
         (ties: queue order), so a queue whose next message is larger than its share is not passed
-        over batch after batch. The total never exceeds ``limit``, except that one message is admitted when no
-        queue's next message fits at all (progress over a message larger than the limit).
+        over batch after batch. The total never exceeds ``limit``, except that one message is
+        admitted when no queue's next message fits at all (progress past a message larger than
+        the limit).
         """
         cap = limit // _MIN_RECORD_SIZE + 1          # no more units than could fit
         sizes = {mq: np.cumsum(self._unit_sizes(mq, starts[mq], min(n, max(cap, _SIZE_SAMPLE))))
@@ -201,8 +203,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             admitted[mq] = self._messages_within(cum, backlog[mq], 0, shares[mq])
             used[mq] = int(cum[admitted[mq] - 1]) if admitted[mq] else 0
         left = limit - sum(used.values())
-        # queues that got nothing first (a share smaller than their next message), then the most bytes left
-        by_bytes_left = sorted(sizes, key=lambda mq: (admitted[mq] > 0, used[mq] - estimate[mq], mq))
+        # queues that got nothing first (a share below their next message), then most bytes left
+        by_bytes_left = sorted(sizes, key=lambda mq: (admitted[mq] > 0, used[mq] - estimate[mq],
+                                                      mq))
         for mq in by_bytes_left:
             more = self._messages_within(sizes[mq], backlog[mq], admitted[mq], left)
             if more:
