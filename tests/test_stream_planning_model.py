@@ -89,8 +89,8 @@ class Model:
     def append(self, queue: int, count: int) -> None:
         with StoreWriter(self.root) as w:
             for _ in range(count):
-                w.append(TOPIC, bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(0, 300))),
-                         queue_id=queue % self.queues)
+                body = self.rng.randbytes(self.rng.randrange(0, 300))
+                w.append(TOPIC, body, queue_id=queue % self.queues)
 
     def retention(self, files: int) -> None:
         with StoreWriter(self.root) as w:
@@ -130,12 +130,14 @@ class Model:
                     assert got.pop(rg.queue_id, []) == list(range(rg.start, rg.end)), rg
                 assert not got
         for mq, lo, hi in self.losses.take():
-            assert lo == self.accounted[mq], f"{mq}: loss [{lo}, {hi}) reported, accounted to {self.accounted[mq]}"
+            assert lo == self.accounted[mq], \
+                f"{mq}: loss [{lo}, {hi}) reported, accounted to {self.accounted[mq]}"
             assert hi > lo
             self.accounted[mq] = hi
             event("a lost range was skipped")
         for mq, (lo, hi) in read.items():
-            assert lo == self.accounted[mq], f"{mq}: reads [{lo}, {hi}), accounted to {self.accounted[mq]}"
+            assert lo == self.accounted[mq], \
+                f"{mq}: reads [{lo}, {hi}), accounted to {self.accounted[mq]}"
             self.accounted[mq] = hi
         assert all(self.accounted[mq] == ends[mq] for mq in ends), (self.accounted, ends)
         n_read = sum(hi - lo for lo, hi in read.values())
@@ -165,7 +167,8 @@ class Model:
             return
         minimum = int(self.options.get("minMessagesPerTrigger", 0))
         assert minimum and not self.available_now and not self.delay_passed and backlog < minimum, \
-            f"planned nothing with {backlog} messages to read ({self.options}, AvailableNow={self.available_now})"
+            (f"planned nothing with {backlog} messages to read ({self.options}, "
+             f"AvailableNow={self.available_now})")
         event("waits: fewer than minMessagesPerTrigger")
 
     def _check_limits(self, read, n_read) -> None:
@@ -174,7 +177,8 @@ class Model:
             assert n_read <= int(o["maxMessagesPerTrigger"])
         if "maxBytesPerTrigger" in o:
             with Store(self.root) as s:
-                used = sum(s.range_bytes(TOPIC, mq.queue_id, lo, hi) for mq, (lo, hi) in read.items())
+                used = sum(s.range_bytes(TOPIC, mq.queue_id, lo, hi)
+                           for mq, (lo, hi) in read.items())
             assert used <= int(o["maxBytesPerTrigger"]) or n_read == 1, (used, n_read)
         if "minMessagesPerTrigger" in o and not self.available_now and not self.delay_passed:
             assert n_read == 0 or n_read >= int(o["minMessagesPerTrigger"])
@@ -204,7 +208,8 @@ MIN6 = {"minMessagesPerTrigger": "6", "maxTriggerDelay": "1h"}
 
 @example(queues=1, backlogs=[3, 0, 0], options=MIN6, available_now=False,   # waits, then the delay
          actions=[("plan",), ("append", 0, 2), ("plan",), ("tick",), ("plan",)], seed=1)
-@example(queues=1, backlogs=[3, 0, 0], options=MIN6, available_now=True,    # AvailableNow never waits
+# AvailableNow never waits
+@example(queues=1, backlogs=[3, 0, 0], options=MIN6, available_now=True,
          actions=[("plan",)], seed=2)
 @example(queues=2, backlogs=[30, 5, 0], options={"maxMessagesPerTrigger": "5"}, available_now=False,
          actions=[("plan",), ("append", 0, 60), ("retention", 2), ("plan",), ("plan",)], seed=3)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import shutil
 
-import numpy as np
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
 from rmq_source.errors import RmqDataLossError, RmqUnknownTopicError
-from rmq_source.offsets import from_json_dict, to_json_dict
+from rmq_source.offsets import from_json_dict
 from rmq_source.options import parse_options
 from rmq_source.planner import share_limit
 from rmq_source.store import Store
@@ -300,7 +299,9 @@ def test_retention_overtaking_a_stopped_query_is_skipped_once(tmp_path, caplog, 
     assert (lo, hi) == (10, low)
 
 
-@pytest.mark.parametrize("limit", [{"maxBytesPerTrigger": "2000"}, {"maxMessagesPerTrigger": "5"}, {}])
+@pytest.mark.parametrize("limit", [
+    {"maxBytesPerTrigger": "2000"}, {"maxMessagesPerTrigger": "5"}, {},
+])
 def test_retention_overtaking_a_stopped_query_fails_exactly(tmp_path, limit):
     root = tmp_path / "s"
     start, low = _retained_store(root)
@@ -326,7 +327,7 @@ def test_recreated_store_continues_at_its_earliest_offset(tmp_path, caplog, fail
     _replace_store(root, 10)
     caplog.set_level(logging.WARNING, logger="rmq_source")
     if fail:
-        with pytest.raises(RmqDataLossError, match=r"offset 100 is beyond the queue's max offset 10"):
+        with pytest.raises(RmqDataLossError, match=r"offset 100 is beyond the queue's max offset 10:"):
             r.latestOffset(start, ReadAllAvailable())
         return
     end = r.latestOffset(start, ReadAllAvailable())
