@@ -355,7 +355,8 @@ def test_offsets_json_naming_a_queue_the_topic_lacks_is_refused(store, option, v
 def test_batch_ending_offsets_naming_a_queue_the_topic_lacks_is_refused(store):
     from rmq_source.batch_reader import plan_batch
     opts = parse_options({"storePath": str(store), "topic": "T",
-                          "endingOffsets": '{"T": {"broker-a": {"0": 5, "3": 5}}}'}, streaming=False)
+                          "endingOffsets": '{"T": {"broker-a": {"0": 5, "3": 5}}}'},
+                         streaming=False)
     with pytest.raises(RmqUnknownTopicError, match=r"option endingOffsets: queue T/broker-a/3"):
         plan_batch(opts)
 
@@ -365,11 +366,13 @@ def test_batch_read_from_beyond_a_recreated_queue_starts_at_its_min(store, caplo
     """A batch read whose start lies beyond a queue's max (the store was re-created since the
     group's progress was recorded) fails, or continues at the queue's earliest offset."""
     from rmq_source.batch_reader import plan_batch
-    opts = parse_options({"storePath": str(store), "topic": "T", "failOnDataLoss": str(fail).lower(),
+    opts = parse_options({"storePath": str(store), "topic": "T",
+                          "failOnDataLoss": str(fail).lower(),
                           "startingOffsets": '{"T": {"broker-a": {"0": 100, "1": 5, "2": 0}}}'},
                          streaming=False)
     if fail:
-        with pytest.raises(RmqDataLossError, match=r"offset 100 is beyond the queue's max offset 30:"):
+        with pytest.raises(RmqDataLossError,
+                           match=r"offset 100 is beyond the queue's max offset 30:"):
             plan_batch(opts)
         return
     parts = plan_batch(opts)
