@@ -110,10 +110,13 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                               "Streaming only: at most this many messages per micro-batch, shared "
                               "by backlog across queues."),
     "maxOffsetsPerTrigger": ("none", "Alias of maxMessagesPerTrigger (give only one)."),
-    "maxBytesPerTrigger": ("none", "Streaming only: at most about this many bytes per micro-batch."),
+    "maxBytesPerTrigger": ("none",
+                           "Streaming only: at most this many CommitLog bytes of whole messages "
+                           "per micro-batch, shared by backlog across queues; a single message "
+                           "larger than the limit is read alone."),
     "minMessagesPerTrigger": ("none",
                               "Streaming only: wait until this many messages are available, but "
-                              "never longer than maxTriggerDelay."),
+                              "never longer than maxTriggerDelay (Trigger.AvailableNow never waits)."),
     "maxTriggerDelay": ("15m",
                         "Streaming only, with minMessagesPerTrigger: longest wait, a duration like "
                         "500ms, 30s, 15m, 1h, 1d."),

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from .allocation import MessageQueue
 from .catalog import StoreCatalog
-from .errors import RmqDataLossError, RmqOptionError
+from .errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
 from .offset_store import ReadOffsetType
 from .store import QueueInfo
 
@@ -46,9 +46,25 @@ def _json_offset(table: Mapping[MessageQueue, int], mq: MessageQueue, option: st
             "queue read by the query must be listed (-2 = earliest, -1 = latest)") from None
 
 
+def _check_listed_queues_exist(spec: Mapping[MessageQueue, int], mqs: list[MessageQueue],
+                               option: str) -> None:
+    """Every queue named in offsets JSON must be one the query reads (as topics and brokers are)."""
+    known = set(mqs)
+    for mq in sorted(spec):
+        if mq not in known:
+            ids = sorted(q.queue_id for q in mqs
+                         if q.topic == mq.topic and q.broker_name == mq.broker_name)
+            raise RmqUnknownTopicError(
+                f"option {option}: queue {mq.topic}/{mq.broker_name}/{mq.queue_id} is not a queue "
+                f"this query reads; topic {mq.topic!r} on broker {mq.broker_name!r} has queue ids "
+                f"{ids if ids else 'none'}")
+
+
 def _resolve(catalog: StoreCatalog, mqs: list[MessageQueue], timestamp: int | None, spec,
              option: str, named) -> dict[MessageQueue, int]:
     """Per queue: ``timestamp`` if given, else the JSON offsets ``spec``, else ``named(mq, info)``."""
+    if timestamp is None and isinstance(spec, Mapping):
+        _check_listed_queues_exist(spec, mqs, option)
     infos = catalog.infos(mqs)
     out: dict[MessageQueue, int] = {}
     for mq in mqs:
@@ -99,28 +115,68 @@ def ending_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts) -> dict
                     lambda mq, info: info.max_offset)
 
 
-def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data_loss: bool) -> int:
-    """The offset to read from when ``wanted`` may lie below the queue's min offset.
+def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data_loss: bool,
+                    reported: dict[MessageQueue, int] | None = None) -> int:
+    """The offset to continue from when the store no longer has ``wanted``.
 
-    With ``failOnDataLoss`` a needed offset below the min raises :class:`RmqDataLossError` naming
-    the queue and the number of lost messages; otherwise it warns and returns the min offset.
-    An offset above the max (a queue that was recreated, or a bad explicit offset) is clamped to
-    the max the same way.
+    * ``wanted`` below the queue's min offset: retention deleted ``[wanted, min)``. With
+      ``failOnDataLoss`` this raises :class:`RmqDataLossError` naming the queue and the exact range;
+      otherwise it warns and returns the min offset.
+    * ``wanted`` above the queue's max offset: the queue (or its broker's store) was re-created or
+      truncated, so the offsets no longer name the messages they named. With ``failOnDataLoss``
+      this raises; otherwise it warns and returns the min offset (the earliest available message of
+      the new queue). A re-created queue whose max has already passed ``wanted`` cannot be told
+      from a grown one.
+
+    ``reported`` (per queue: the offset up to which lost offsets were already reported) makes a
+    caller that checks the same queue repeatedly report each lost offset once; it is updated.
+    Every warning carries the lost range as ``record.rmq_lost = (mq, first, end)`` (``None`` for a
+    re-created queue, whose loss cannot be counted).
     """
     if wanted < info.min_offset:
+        first = wanted if reported is None else max(wanted, reported.get(mq, wanted))
         lost = info.min_offset - wanted
         msg = (f"{mq}: offsets [{wanted}, {info.min_offset}) ({lost} messages) were deleted by "
                "retention before they were read")
         if fail_on_data_loss:
             raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip to the earliest "
                                    "available offset")
-        log.warning("%s; skipping to offset %d (failOnDataLoss=false)", msg, info.min_offset)
+        if first < info.min_offset:
+            msg = (f"{mq}: offsets [{first}, {info.min_offset}) ({info.min_offset - first} "
+                   "messages) were deleted by retention before they were read")
+            log.warning("%s; skipping to offset %d (failOnDataLoss=false)", msg, info.min_offset,
+                        extra={"rmq_lost": (mq, first, info.min_offset)})
+        if reported is not None:
+            reported[mq] = max(reported.get(mq, 0), info.min_offset)
         return info.min_offset
     if wanted > info.max_offset:
-        msg = (f"{mq}: offset {wanted} is beyond the queue's max offset {info.max_offset} "
-               "(the queue was truncated or recreated)")
+        msg = (f"{mq}: offset {wanted} is beyond the queue's max offset {info.max_offset}: the "
+               "queue was re-created or truncated, and messages it held from the read position on "
+               "may be lost")
         if fail_on_data_loss:
-            raise RmqDataLossError(msg + "; set failOnDataLoss=false to continue from the max offset")
-        log.warning("%s; continuing from %d (failOnDataLoss=false)", msg, info.max_offset)
-        return info.max_offset
+            raise RmqDataLossError(msg + "; set failOnDataLoss=false to continue from its earliest "
+                                   f"available offset ({info.min_offset})")
+        log.warning("%s; continuing from its earliest available offset %d (failOnDataLoss=false)",
+                    msg, info.min_offset, extra={"rmq_lost": None})
+        if reported is not None:
+            reported[mq] = info.min_offset
+        return info.min_offset
     return wanted
+
+
+def logged_range_start(mq: MessageQueue, start: int, end: int, info: QueueInfo,
+                       fail_on_data_loss: bool, reported: dict[MessageQueue, int] | None = None
+                       ) -> int:
+    """The first offset to read of a planned (logged) streaming batch ``[start, end)``.
+
+    A batch reads exactly its logged range where the store still has it: only retention since the
+    planning moves the first offset (reported by :func:`check_data_loss`). ``end < start`` marks a
+    batch planned on a re-created queue, which reads the new queue from its min offset to ``end``
+    (the re-creation was reported when the batch was planned). A start beyond the max offset is
+    not moved here: the range reads what exists, and the next planning reports the re-creation.
+    """
+    if end < start:
+        return min(info.min_offset, end)
+    if start < info.min_offset:
+        return check_data_loss(mq, start, info, fail_on_data_loss, reported)
+    return start

@@ -86,8 +86,9 @@ def reset_group(brokers: Mapping[str, str], group: str, topic: str, *, timestamp
     if offsets is not None:
         unknown = sorted(set(offsets) - set(mqs))
         if unknown:
-            raise RmqOptionError(f"--offsets names queues that {topic!r} does not have: "
-                                 f"{', '.join(map(str, unknown))}")
+            names = ", ".join(f"{mq.topic}/{mq.broker_name}/{mq.queue_id}" for mq in unknown)
+            raise RmqOptionError(f"--offsets names queues that {topic!r} does not have: {names} "
+                                 f"(its queues: {', '.join(str(q.queue_id) for q in mqs)})")
         mqs = sorted(offsets)
     new: dict[MessageQueue, int] = {}
     for mq in mqs:

@@ -452,7 +452,8 @@ class Store:
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
     def _unit_sizes(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
-        """Record sizes of the ConsumeQueue units ``[start, end)`` (read from the CQ files)."""
+        """Record sizes of the ConsumeQueue units ``[start, end)`` (read from the CQ files); shorter
+        when the files end first or a file of the range is missing (the prefix before the gap)."""
         segs, cq_size = self._cq(topic, queue_id)
         parts = []
         pos, stop = start * CQ_UNIT_SIZE, end * CQ_UNIT_SIZE
@@ -460,11 +461,19 @@ class Store:
             lo, hi = max(pos, seg.file_start), min(stop, seg.file_start + cq_size)
             if lo >= hi:
                 continue
+            if lo != pos:  # a missing file (retention): what follows is not aligned with ``start``
+                break
+            pos = hi
             with open(seg.path, "rb") as f:
                 raw = os.pread(f.fileno(), hi - lo, lo - seg.file_start)
             parts.append(np.frombuffer(raw[: len(raw) - len(raw) % CQ_UNIT_SIZE], dtype=_CQ_UNIT)["size"])
         sizes = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return np.maximum(sizes, 0)
+
+    def unit_sizes(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
+        """Record sizes of the messages at queue offsets ``start``, ``start + 1``, ... (at most
+        ``end - start``; fewer when the queue's files end or have a gap first)."""
+        return self._unit_sizes(topic, queue_id, start, end)
 
     def range_bytes(self, topic: str, queue_id: int, start: int, end: int) -> int:
         """Total CommitLog bytes of the messages in queue offsets ``[start, end)``."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
@@ -31,7 +33,7 @@ from .offset_store import ReadOffsetType
 from .offsets import from_json_dict, to_json_dict
 from .partition_reader import LockSpec, build_partitions, read_partition
 from .planner import QueueRange, plan_tasks, share_limit, unallocated
-from .positions import check_data_loss, starting_offsets
+from .positions import check_data_loss, logged_range_start, starting_offsets
 from .query import discover_queues, open_group_store, strategy_of
 
 
@@ -62,6 +64,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict | None = None
         self._session: GroupSession | None = None
         self._wait_reason: str | None = None   # last reason a group AvailableNow run waited for
+        self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
 
     @property
     def session(self) -> GroupSession | None:
@@ -134,6 +137,13 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if reason is None:
                 break
             self._wait_for_group(reason, waited_since)
+        starts = self._skip_lost(starts, read)
+        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
+        if not isinstance(limit, ReadAllAvailable):
+            backlog = self._admit(backlog, starts)
+        end = {mq: moved.get(mq, starts[mq] + backlog.get(mq, 0)) for mq in mqs}
+        if any(backlog.values()):
+            self._last_batch_at = time.monotonic()
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial)
@@ -153,6 +163,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             read = set(mqs) - unallocated(mqs, self._batch_strategy, "", self.opts.num_partitions,
                                           self.opts.client_id)
             moved = {}
+        starts = self._skip_lost(starts, read)
         backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
         if not isinstance(limit, ReadAllAvailable):
             backlog = self._admit(backlog, starts)
@@ -210,44 +221,93 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             self._commit_group({mq: o for mq, o in start_map.items() if mq in held})
 
+    def _skip_lost(self, starts: dict[MessageQueue, int], read) -> dict[MessageQueue, int]:
+        """``starts`` with each queue to read moved past offsets the store no longer has (retention,
+        a re-created queue), all at once: each lost offset is reported once (or raises with
+        ``failOnDataLoss``), see :func:`rmq_source.positions.check_data_loss`."""
+        infos = self.catalog.infos(sorted(read))
+        out = dict(starts)
+        for mq, info in infos.items():
+            out[mq] = check_data_loss(mq, starts[mq], info, self.opts.fail_on_data_loss,
+                                      self._lost_reported)
+        return out
+
     def _admit(self, backlog: dict[MessageQueue, int], starts) -> dict[MessageQueue, int]:
-        """Apply the option limits: min messages (bounded by maxTriggerDelay), max messages/bytes."""
+        """Apply the option limits: min messages (bounded by maxTriggerDelay), max messages/bytes.
+
+        Returns an entry for every queue of ``backlog``. ``Trigger.AvailableNow`` never waits for
+        ``minMessagesPerTrigger``: Spark ends the run at the first batch that plans nothing.
+        """
         o = self.opts
         total = sum(backlog.values())
-        # Trigger.AvailableNow reads up to its target, however little is left
-        short = o.min_messages_per_trigger and total < o.min_messages_per_trigger
-        if short and self._target is None:
+        waits = self._target is None  # (not under Trigger.AvailableNow)
+        if waits and o.min_messages_per_trigger and total < o.min_messages_per_trigger:
             waited_ms = (time.monotonic() - self._last_batch_at) * 1000
             if waited_ms < o.max_trigger_delay_ms:
-                return {}
+                return {mq: 0 for mq in backlog}
         if o.max_messages_per_trigger:
             backlog = share_limit(backlog, o.max_messages_per_trigger)
         if o.max_bytes_per_trigger:
-            byte_share = self._byte_backlog(backlog, starts)
-            budget = share_limit(byte_share, o.max_bytes_per_trigger)
-            backlog = {mq: self._messages_within(mq, starts[mq], n, budget[mq])
-                       for mq, n in backlog.items()}
+            backlog = self._admit_bytes(backlog, starts, o.max_bytes_per_trigger)
         return backlog
 
-    def _byte_backlog(self, backlog, starts) -> dict[MessageQueue, int]:
-        """Backlog bytes per queue, used only to share the byte limit: exact up to
-        ``_SIZE_SAMPLE`` messages, beyond that the sample's mean size times the count (reading
-        every unit of a large backlog on every trigger costs O(backlog))."""
+    def _admit_bytes(self, backlog: dict[MessageQueue, int], starts, limit: int
+                     ) -> dict[MessageQueue, int]:
+        """Whole messages within ``limit`` bytes in all, shared by byte backlog.
+
+        Each queue first takes what fits in its share; the bytes that rounding to whole messages
+        leaves go first to the queues that got nothing, then to those with the most bytes left
+        (ties: queue order), so a queue whose next message is larger than its share is not passed
+        over batch after batch. The total never exceeds ``limit``, except that one message is
+        admitted when no queue's next message fits at all (progress past a message larger than
+        the limit).
+        """
+        cap = limit // _MIN_RECORD_SIZE + 1          # no more units than could fit
+        sizes = {mq: np.cumsum(self._unit_sizes(mq, starts[mq], min(n, max(cap, _SIZE_SAMPLE))))
+                 for mq, n in backlog.items() if n > 0}
+        sizes = {mq: cum for mq, cum in sizes.items() if len(cum)}  # (empty: files just deleted)
+        estimate = self._byte_backlog(backlog, sizes)
+        shares = share_limit(estimate, limit)
+        admitted = {mq: 0 for mq in backlog}
+        used = {}
+        for mq, cum in sizes.items():
+            admitted[mq] = self._messages_within(cum, backlog[mq], 0, shares[mq])
+            used[mq] = int(cum[admitted[mq] - 1]) if admitted[mq] else 0
+        left = limit - sum(used.values())
+        # queues that got nothing first (a share below their next message), then most bytes left
+        by_bytes_left = sorted(sizes, key=lambda mq: (admitted[mq] > 0, used[mq] - estimate[mq],
+                                                      mq))
+        for mq in by_bytes_left:
+            more = self._messages_within(sizes[mq], backlog[mq], admitted[mq], left)
+            if more:
+                left -= int(sizes[mq][admitted[mq] + more - 1]) - used[mq]
+                admitted[mq] += more
+        if sizes and not any(admitted.values()):
+            admitted[by_bytes_left[0]] = 1
+        return admitted
+
+    def _unit_sizes(self, mq: MessageQueue, start: int, count: int):
+        return self.catalog.store(mq.broker_name).unit_sizes(mq.topic, mq.queue_id, start,
+                                                              start + count)
+
+    @staticmethod
+    def _byte_backlog(backlog, sizes) -> dict[MessageQueue, int]:
+        """Backlog bytes per queue with something to read, used only to share the byte limit:
+        exact up to the units read (``_SIZE_SAMPLE`` at least), beyond that their mean size times
+        the count (reading every unit of a large backlog on every trigger costs O(backlog))."""
         out = {}
-        for mq, n in backlog.items():
-            if n:
-                k = min(n, _SIZE_SAMPLE)
-                sample = self.catalog.store(mq.broker_name).range_bytes(
-                    mq.topic, mq.queue_id, starts[mq], starts[mq] + k)
-                out[mq] = sample if k == n else sample * n // k
+        for mq, cum in sizes.items():
+            k, total = len(cum), int(cum[-1]) if len(cum) else 0
+            out[mq] = total if k >= backlog[mq] else (total * backlog[mq] // k if k else 0)
         return out
 
-    def _messages_within(self, mq: MessageQueue, start: int, count: int, budget: int) -> int:
-        if count == 0:
-            return 0
-        count = min(count, budget // _MIN_RECORD_SIZE + 1)   # no more units than could fit
-        return self.catalog.store(mq.broker_name).count_within_bytes(
-            mq.topic, mq.queue_id, start, start + count, budget)
+    @staticmethod
+    def _messages_within(cum, count: int, done: int, budget: int) -> int:
+        """How many more messages, after the first ``done``, fit in ``budget`` bytes (at most
+        ``count`` in all; ``cum`` = cumulative sizes of the units from the queue's start)."""
+        base = int(cum[done - 1]) if done else 0
+        fit = int(np.searchsorted(cum, base + budget, side="right"))
+        return max(0, min(fit, count) - done)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         o = self.opts
@@ -290,7 +350,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = []
         for mq, stop in sorted(ends.items()):
             if mq in starts:
-                first = check_data_loss(mq, starts[mq], infos[mq], self.opts.fail_on_data_loss)
+                first = logged_range_start(mq, starts[mq], stop, infos[mq],
+                                           self.opts.fail_on_data_loss, self._lost_reported)
             else:  # a queue discovered in this batch starts at its min offset: nothing was lost
                 first = min(infos[mq].min_offset, stop)
             ranges.append(QueueRange(mq, first, max(first, stop)))

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
+import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -234,9 +235,10 @@ def test_console_script_entry_point_is_main():
 
 
 def test_installed_console_script(sample):
-    exe = shutil.which("rmq-store")
-    if exe is None:
-        pytest.skip("rmq-store console script not installed (pip install -e .)")
+    # The script sits beside the interpreter running the tests (a venv's bin/), which need not be
+    # on PATH (``.venv/bin/python -m pytest``); a missing script is a packaging failure.
+    exe = Path(sys.executable).parent / ("rmq-store.exe" if os.name == "nt" else "rmq-store")
+    assert exe.is_file(), f"console script {exe} not installed (pip install -e .)"
     root, _ = sample
     out = subprocess.run([exe, "topics", str(root), "--json"], capture_output=True, text=True,
                          timeout=120)

@@ -419,3 +419,26 @@ def test_store_errors_exit_3(written, tmp_path, args, fragment):
                 for a in args))
     assert out.returncode == 3, out.stderr
     assert fragment in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, code, stream, names", [
+    (("reset-offset", "{root}", "--group", GROUP, "--topic", "TopicTest", "--offsets",
+      '{"9": 1, "1": 2}'), 2, "stderr", ["TopicTest/broker-a/9"]),
+    (("reset-offset", "{root}", "--group", GROUP, "--topic", "TopicTest", "--offsets",
+      '{"TopicTest": {"broker-a": {"4": 1}}}'), 2, "stderr", ["TopicTest/broker-a/4"]),
+    (("reset-offset", "{root}", "--group", GROUP, "--topic", "TopicTest", "--to", "earliest"),
+     0, "stdout", ["TopicTest", "broker-a"]),
+    (("lag", "{root}", "--group", GROUP, "--topic", "TopicTest"), 0, "stdout",
+     ["TopicTest", "broker-a"]),
+])
+def test_queues_are_named_one_way_in_human_output(written, args, code, stream, names):
+    """Every human-readable output names a queue as topic/broker/queueId (or in TOPIC, BROKER,
+    QUEUE columns), never as Java's ``MessageQueue [topic=..., ...]``."""
+    root, _ = written
+    out = run(*(str(root) if a == "{root}" else a for a in args))
+    assert out.returncode == code, out.stderr
+    text = getattr(out, stream)
+    assert "MessageQueue" not in out.stdout + out.stderr
+    assert all(n in text for n in names), text
+    if code == 2:
+        assert "its queues: 0, 1, 2, 3" in text

@@ -76,6 +76,24 @@ def test_available_now_exactly_once_across_restarts_with_limits(spark, tmp_path)
     assert json.loads(last["endOffset"]) == _max_offsets(written)
 
 
+@pytest.mark.parametrize("messages", [2, 40])
+def test_available_now_with_max_bytes_and_idle_queues_into_memory(spark, tmp_path, messages):
+    """Issue 8: a 4-queue topic with 2 (or 40) messages under maxBytesPerTrigger into a memory
+    sink: idle queues and the caught-up state must not fail the query."""
+    store = tmp_path / "store"
+    written = build_store(store, topics=(("Idle", 4, messages),))
+    name = f"idle_{messages}"
+    q = (_stream(spark, storePath=str(store), topic="Idle", startingOffsets="earliest",
+                 maxBytesPerTrigger="1000000")
+         .writeStream.format("memory").queryName(name)
+         .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    rows = spark.sql(f"select topic, brokerName, queueId, queueOffset, body from {name}").collect()
+    assert sorted((r.topic, r.brokerName, r.queueId, r.queueOffset, bytes(r.body)) for r in rows) == \
+        sorted((w.topic, w.broker, w.queue_id, w.queue_offset, w.body) for w in written)
+
+
 def test_processing_time_trigger_while_the_writer_appends(spark, tmp_path):
     store = tmp_path / "store"
     written = build_store(store, topics=(("Live", 3, 30),))

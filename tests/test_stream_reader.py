@@ -2,9 +2,13 @@
 Trigger.AvailableNow targets, reported lag, planning of partitions."""
 from __future__ import annotations
 
+import logging
+import shutil
+
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
+from rmq_source.errors import RmqDataLossError, RmqUnknownTopicError
 from rmq_source.offsets import from_json_dict
 from rmq_source.options import parse_options
 from rmq_source.planner import share_limit
@@ -57,7 +61,7 @@ def test_max_bytes_admits_whole_messages_within_the_budget(store):
     with Store(store) as s:
         used = sum(s.range_bytes(mq.topic, mq.queue_id, o, from_json_dict(end)[mq])
                    for mq, o in from_json_dict(start).items())
-    assert 0 < used <= 4000 + 3 * 600  # at most one message over per queue (each queue admits one)
+    assert 0 < used <= 4000  # whole messages, never over the budget
     assert _total(start, end) < 90
 
 
@@ -170,3 +174,215 @@ def test_available_now_reads_a_backlog_smaller_than_min_messages(store):
     start = r.initialOffset()
     r.prepareForTriggerAvailableNow()
     assert _total(start, r.latestOffset(start, r.getDefaultReadLimit())) == 90
+
+
+def _drain(r, limit, start=None, max_batches=500):
+    """Plan batches until one plans nothing; returns [(start, end)] of the batches."""
+    start = r.initialOffset() if start is None else start
+    batches = []
+    for _ in range(max_batches):
+        end = r.latestOffset(start, limit)
+        if end == start:
+            return batches
+        batches.append((start, end))
+        start = end
+    raise AssertionError(f"still planning after {max_batches} batches")
+
+
+def _bytes(store, start, end):
+    s, e = from_json_dict(start), from_json_dict(end)
+    with Store(store) as st:
+        return {mq: st.range_bytes(mq.topic, mq.queue_id, s[mq], e[mq]) for mq in e}
+
+
+@pytest.mark.parametrize("queues, messages, limit", [
+    (4, 2, 1_000_000),    # the issue's case: two queues with nothing to read
+    (4, 40, 1_000_000),   # catches up, then plans again with every queue idle
+    (4, 40, 700),         # idle queues under a small budget
+    (1, 0, 1000),         # nothing at all
+])
+def test_max_bytes_with_idle_queues(tmp_path, queues, messages, limit):
+    root = tmp_path / "s"
+    build_store(root, topics=(("T", queues, messages),))
+    r = _reader(root, maxBytesPerTrigger=str(limit))
+    batches = _drain(r, r.getDefaultReadLimit())
+    assert sum(_total(s, e) for s, e in batches) == messages
+    assert all(sum(_bytes(root, s, e).values()) <= limit for s, e in batches)
+
+
+@pytest.mark.parametrize("limit", [600, 1000, 2500])
+def test_max_bytes_never_overruns_and_is_fair(tmp_path, limit):
+    """Under a byte budget every batch stays within the budget, and the budget is shared by
+    backlog: at every batch each queue has read its proportional part of what was read, give or
+    take three of the largest messages (whole messages only, so shares are rounded)."""
+    root = tmp_path / "s"
+    build_store(root, topics=(("T", 3, 150),))
+    r = _reader(root, maxBytesPerTrigger=str(limit))
+    start = r.initialOffset()
+    batches = _drain(r, r.getDefaultReadLimit(), start)
+    assert sum(_total(s, e) for s, e in batches) == 150
+    with Store(root) as st:
+        largest = max(int(st.unit_sizes("T", q, 0, 50).max()) for q in range(3))
+    total = _bytes(root, start, batches[-1][1])
+    for s, e in batches:
+        assert sum(_bytes(root, s, e).values()) <= limit
+        done = _bytes(root, start, e)
+        part = sum(done.values()) / sum(total.values())
+        assert all(abs(done[mq] - total[mq] * part) <= 3 * largest for mq in done), (s, e)
+
+
+def test_max_bytes_admits_one_message_larger_than_the_budget(tmp_path):
+    root = tmp_path / "s"
+    with StoreWriter(root) as w:
+        w.create_topic("T", 2)
+        for q in range(2):
+            for _ in range(2):
+                w.append("T", b"x" * 500, queue_id=q)
+    r = _reader(root, maxBytesPerTrigger="300")
+    batches = _drain(r, r.getDefaultReadLimit())
+    assert [_total(s, e) for s, e in batches] == [1, 1, 1, 1]
+    # the queues take turns
+    firsts = [next(mq.queue_id for mq, o in from_json_dict(e).items() if o != from_json_dict(s)[mq])
+              for s, e in batches]
+    assert sorted(firsts[:2]) == [0, 1]
+
+
+def test_max_messages_is_fair(tmp_path):
+    """Each batch shares maxMessagesPerTrigger by backlog: within one message of the exact share."""
+    root = tmp_path / "s"
+    with StoreWriter(root) as w:
+        w.create_topic("T", 3)
+        for q, n in enumerate((10, 40, 70)):
+            for _ in range(n):
+                w.append("T", b"m", queue_id=q)
+    r = _reader(root, maxMessagesPerTrigger="12")
+    for s, e in _drain(r, r.getDefaultReadLimit()):
+        s_, e_ = from_json_dict(s), from_json_dict(e)
+        backlog = {mq: {0: 10, 1: 40, 2: 70}[mq.queue_id] - s_[mq] for mq in s_}
+        total = sum(backlog.values())
+        assert sum(e_[mq] - s_[mq] for mq in s_) == min(12, total)
+        for mq in s_:
+            assert abs((e_[mq] - s_[mq]) - min(12, total) * backlog[mq] / total) < 1
+
+
+# -- data loss at the edges ---------------------------------------------------------------------
+
+def _retained_store(root):
+    """The issue's store: one queue, 16 KiB CommitLog files, 10 units per ConsumeQueue file; 10
+    messages read (returned: the checkpoint's offsets), then 290 appended and the oldest CommitLog
+    file deleted by retention. Returns (start offsets, min offset after retention)."""
+    with StoreWriter(root, commitlog_file_size=16 * 1024, cq_units_per_file=10) as w:
+        w.create_topic("T", 1)
+        for i in range(10):
+            w.append("T", b"b" * 200, queue_id=0)
+        for i in range(290):
+            w.append("T", b"b" * 200, queue_id=0)
+        w.delete_oldest_commitlog_files(1)
+    with Store(root) as s:
+        low = s.min_offset("T", 0)
+    assert low > 10
+    return {"T": {"broker-a": {"0": 10}}}, low
+
+
+def _lost(caplog):
+    return [r.rmq_lost for r in caplog.records if hasattr(r, "rmq_lost")]
+
+
+@pytest.mark.parametrize("limit", [
+    {"maxBytesPerTrigger": "2000"}, {"maxMessagesPerTrigger": "5"}, {},
+])
+def test_retention_overtaking_a_stopped_query_is_skipped_once(tmp_path, caplog, limit):
+    root = tmp_path / "s"
+    start, low = _retained_store(root)
+    r = _reader(root, failOnDataLoss="false", **limit)
+    caplog.set_level(logging.WARNING, logger="rmq_source")
+    first = r.latestOffset(start, r.getDefaultReadLimit())
+    assert from_json_dict(first)[next(iter(from_json_dict(first)))] > low  # past the loss at once
+    parts = r.partitions(start, first)
+    assert [(rg.start, rg.end) for p in parts for rg in p.ranges] == [
+        (low, from_json_dict(first)[next(iter(from_json_dict(first)))])]
+    rest = _drain(r, r.getDefaultReadLimit(), first)
+    assert _total(start, rest[-1][1] if rest else first) == 290
+    (mq, lo, hi), = _lost(caplog)  # reported once, exactly
+    assert (lo, hi) == (10, low)
+
+
+@pytest.mark.parametrize("limit", [
+    {"maxBytesPerTrigger": "2000"}, {"maxMessagesPerTrigger": "5"}, {},
+])
+def test_retention_overtaking_a_stopped_query_fails_exactly(tmp_path, limit):
+    root = tmp_path / "s"
+    start, low = _retained_store(root)
+    r = _reader(root, **limit)
+    with pytest.raises(RmqDataLossError, match=rf"offsets \[10, {low}\) \({low - 10} messages\)"):
+        r.latestOffset(start, r.getDefaultReadLimit())
+
+
+def _replace_store(root, messages):
+    shutil.rmtree(root)
+    build_store(root, topics=(("T", 1, messages),), start_ts=1_800_000_000_000)
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_recreated_store_continues_at_its_earliest_offset(tmp_path, caplog, fail):
+    """The store is re-created below the query's position (issue 14 item 4): continue at its min
+    offset, not at its max; a re-run of the batch reads the same range."""
+    root = tmp_path / "s"
+    build_store(root, topics=(("T", 1, 100),))
+    r = _reader(root, failOnDataLoss=str(fail).lower())
+    start = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    assert _total(r.initialOffset(), start) == 100
+    _replace_store(root, 10)
+    caplog.set_level(logging.WARNING, logger="rmq_source")
+    if fail:
+        with pytest.raises(RmqDataLossError, match=r"offset 100 is beyond the queue's max offset 10:"):
+            r.latestOffset(start, ReadAllAvailable())
+        return
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert from_json_dict(end) == {mq: 10 for mq in from_json_dict(start)}
+    assert "continuing from its earliest available offset 0" in caplog.text
+    with StoreWriter(root) as w:  # more arrive before the batch runs (or is re-run)
+        append_messages(w, "T", 100, start_ts=1_800_001_000_000)
+    for again in range(2):
+        assert _ranges(r.partitions(start, end)) == [(0, 0, 10)]
+    later = r.latestOffset(end, ReadAllAvailable())
+    assert _ranges(r.partitions(end, later)) == [(0, 10, 110)]
+
+
+@pytest.mark.parametrize("option, value", [
+    ("startingOffsets", '{"T": {"broker-a": {"0": 0, "1": 0, "2": 0, "3": 0}}}'),
+    ("startingOffsets", '{"T": {"broker-a": {"7": -2}}}'),
+])
+def test_offsets_json_naming_a_queue_the_topic_lacks_is_refused(store, option, value):
+    r = _reader(store, **{option: value})
+    with pytest.raises(RmqUnknownTopicError, match=r"option startingOffsets: queue T/broker-a/\d is "
+                                                   r"not a queue this query reads.*\[0, 1, 2\]"):
+        r.initialOffset()
+
+
+def test_batch_ending_offsets_naming_a_queue_the_topic_lacks_is_refused(store):
+    from rmq_source.batch_reader import plan_batch
+    opts = parse_options({"storePath": str(store), "topic": "T",
+                          "endingOffsets": '{"T": {"broker-a": {"0": 5, "3": 5}}}'},
+                         streaming=False)
+    with pytest.raises(RmqUnknownTopicError, match=r"option endingOffsets: queue T/broker-a/3"):
+        plan_batch(opts)
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_batch_read_from_beyond_a_recreated_queue_starts_at_its_min(store, caplog, fail):
+    """A batch read whose start lies beyond a queue's max (the store was re-created since the
+    group's progress was recorded) fails, or continues at the queue's earliest offset."""
+    from rmq_source.batch_reader import plan_batch
+    opts = parse_options({"storePath": str(store), "topic": "T",
+                          "failOnDataLoss": str(fail).lower(),
+                          "startingOffsets": '{"T": {"broker-a": {"0": 100, "1": 5, "2": 0}}}'},
+                         streaming=False)
+    if fail:
+        with pytest.raises(RmqDataLossError,
+                           match=r"offset 100 is beyond the queue's max offset 30:"):
+            plan_batch(opts)
+        return
+    parts = plan_batch(opts)
+    assert _ranges(parts) == [(0, 0, 30), (1, 5, 30), (2, 0, 30)]
+    assert "continuing from its earliest available offset 0" in caplog.text
