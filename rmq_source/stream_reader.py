@@ -137,13 +137,6 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if reason is None:
                 break
             self._wait_for_group(reason, waited_since)
-        starts = self._skip_lost(starts, read)
-        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
-        if not isinstance(limit, ReadAllAvailable):
-            backlog = self._admit(backlog, starts)
-        end = {mq: moved.get(mq, starts[mq] + backlog.get(mq, 0)) for mq in mqs}
-        if any(backlog.values()):
-            self._last_batch_at = time.monotonic()
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial)
