@@ -69,16 +69,6 @@ def _shown(name: str, value: str | None) -> str:
     return f"{name} not given" if value is None else f"{name}={value!r}"
 
 
-def _validator(group: str, now_ms: Callable[[], int], timeout_ms: int) -> Callable[[Any, str], dict]:
-    """Validation of a loaded membership file; heartbeats are judged against ``now_ms()`` (read once)."""
-    def validate(obj: Any, path: str) -> dict:
-        now = now_ms()
-        return group_table_validator(group, STATE_VERSION, "group membership file", "clients",
-                                     lambda cid, c: _client_problem(cid, c, now, timeout_ms),
-                                     RmqLockError)(obj, path)
-    return validate
-
-
 class GroupMembership:
     """Membership of ``client_id`` in ``group``, shared with other processes through ``state_dir``.
 
@@ -100,7 +90,11 @@ class GroupMembership:
         self.path = group_state_path(state_dir, group, "members.json")
         self._state = JsonStateFile(
             self.path, empty=lambda: {"version": STATE_VERSION, "group": group, "clients": {}},
-            validate=_validator(group, self.now_ms, self.heartbeat_timeout_ms), error_cls=RmqLockError,
+            validate=group_table_validator(
+                group, STATE_VERSION, "group membership file", "clients",
+                lambda cid, c, now: _client_problem(cid, c, now, self.heartbeat_timeout_ms),
+                RmqLockError, self.now_ms),
+            error_cls=RmqLockError,
             lock_timeout_s=lock_timeout_s)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

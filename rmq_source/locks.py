@@ -182,16 +182,6 @@ def _lock_problem(key: str, e: Any, now_ms: int, lease_ms: int) -> str | None:
     return None if why is None else f"entry {key!r} of client {e['clientId']!r}: {why}"
 
 
-def _validator(group: str, now_ms: Callable[[], int], lease_ms: int) -> Callable[[Any, str], dict]:
-    """Validation of a loaded lock file; timestamps are judged against ``now_ms()`` (read once)."""
-    def validate(obj: Any, path: str) -> dict:
-        now = now_ms()
-        return group_table_validator(group, STATE_VERSION, "lock state file", "locks",
-                                     lambda key, e: _lock_problem(key, e, now, lease_ms),
-                                     RmqLockError)(obj, path)
-    return validate
-
-
 class QueueLockManager:
     """File-backed lock table of one consumer group (see the module docstring for files and rules).
 
@@ -211,7 +201,11 @@ class QueueLockManager:
         self.history_path = group_state_path(state_dir, group, "lock-history.jsonl")
         self._state = JsonStateFile(
             self.path, empty=lambda: {"version": STATE_VERSION, "group": group, "locks": {}},
-            validate=_validator(group, self.now_ms, self.lease_ms), error_cls=RmqLockError,
+            validate=group_table_validator(
+                group, STATE_VERSION, "lock state file", "locks",
+                lambda key, e, now: _lock_problem(key, e, now, self.lease_ms), RmqLockError,
+                self.now_ms),
+            error_cls=RmqLockError,
             lock_timeout_s=lock_timeout_s)
 
     def now_ms(self) -> int:

@@ -181,14 +181,18 @@ def timestamp_problem(field: str, value: int, now_ms: int, lease_ms: int) -> str
 
 
 def group_table_validator(group: str, version: int, what: str, table: str,
-                          entry_problem: Callable[[str, Any], str | None],
-                          error_cls: type[Exception]) -> Callable[[Any, str], dict]:
+                          entry_problem: Callable[[str, Any, int], str | None],
+                          error_cls: type[Exception], now_ms: Callable[[], int]
+                          ) -> Callable[[Any, str], dict]:
     """A ``validate(obj, path)`` for a group's state file ``{"version", "group", <table>: {...}}``.
 
-    ``entry_problem(key, value)`` returns why an entry of the table is invalid, or None. Errors are
+    ``entry_problem(key, value, now)`` returns why an entry of the table is invalid, or None; ``now``
+    is ``now_ms()``, read once per validation (timestamps are judged against it). Errors are
     ``error_cls("<what> <path> is invalid: <why>")``.
     """
     def validate(obj: Any, path: str) -> dict:
+        now = now_ms()
+
         def bad(why: str) -> Exception:
             return error_cls(f"{what} {path} is invalid: {why}")
         if not isinstance(obj, dict) or obj.get("version") != version:
@@ -199,7 +203,7 @@ def group_table_validator(group: str, version: int, what: str, table: str,
         if not isinstance(entries, dict):
             raise bad(f"\"{table}\" must be an object")
         for key, value in entries.items():
-            why = entry_problem(key, value)
+            why = entry_problem(key, value, now)
             if why is not None:
                 raise bad(why)
         return obj
