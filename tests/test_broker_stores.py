@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import base64
 import os
 import random
 import subprocess
@@ -118,6 +119,19 @@ def test_our_store_served_by_real_broker(rocketmq, tmp_path):
             for q in range(2):
                 rq.wait_max_offset(client, broker.addr, "W", q, len(before["W", q]) + 3)
             pulled = {q: pull_all(client, broker.addr, "W", q) for q in range(2)}
+            # the real Java client pulls the same messages (it decompresses bodies itself)
+            for topic, queues in (("W", 2), ("G", 3)):
+                dumped, ends = java_dump(rocketmq, tmp_path, topic, "broker-w", queues)
+                for q in range(queues):
+                    rows = before[topic, q]
+                    got = dumped[q][:len(rows)]
+                    assert ends[q][0] == len(rows) + (3 if topic == "W" else 0), (topic, q, ends[q])
+                    assert [g[0] for g in got] == [r["queueOffset"] for r in rows], (topic, q)
+                    for g, row in zip(got, rows):
+                        where = (topic, q, row["queueOffset"])
+                        assert g[1] == row["msgId"], where
+                        assert (g[2], g[3], g[4]) == (row["flag"], row["bodyCRC"], row["body"]), where
+                        assert g[5] == dict(row["properties"]), where
     finally:
         rocketmq.stop_broker("broker-w")
     assert not (root / "abort").exists()
@@ -191,6 +205,56 @@ public class Consume {
 }
 """
 
+# Pulls every message of queues 0..n-1 of one broker with the real client (which decompresses bodies)
+# and prints one line per message: queue, offset, offset msgId (store host + CommitLog offset), flag, body CRC, body and properties
+# (base64; properties as sorted "k\u0001v" pairs joined by \u0002).
+JAVA_DUMP = r"""
+import java.nio.charset.StandardCharsets;
+import java.util.Base64;
+import java.util.TreeMap;
+import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
+import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.client.consumer.PullStatus;
+import org.apache.rocketmq.common.message.MessageClientExt;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.common.message.MessageQueue;
+
+public class Dump {
+    public static void main(String[] args) throws Exception {
+        DefaultMQPullConsumer c = new DefaultMQPullConsumer("java_dump");
+        c.setNamesrvAddr(args[0]);
+        c.setInstanceName("rmq-test-" + System.nanoTime());
+        c.start();
+        Base64.Encoder b64 = Base64.getEncoder();
+        for (int q = 0; q < Integer.parseInt(args[3]); q++) {
+            MessageQueue mq = new MessageQueue(args[1], args[2], q);
+            long offset = 0;
+            while (true) {
+                PullResult r = c.pull(mq, "*", offset, 32);
+                if (r.getPullStatus() != PullStatus.FOUND) {
+                    System.out.println("END " + q + " " + offset + " " + r.getPullStatus());
+                    break;
+                }
+                for (MessageExt m : r.getMsgFoundList()) {
+                    StringBuilder props = new StringBuilder();
+                    for (java.util.Map.Entry<String, String> e : new TreeMap<>(m.getProperties()).entrySet()) {
+                        if (props.length() > 0) props.append('\u0002');
+                        props.append(e.getKey()).append('\u0001').append(e.getValue());
+                    }
+                    String offsetId = m instanceof MessageClientExt
+                        ? ((MessageClientExt) m).getOffsetMsgId() : m.getMsgId();
+                    System.out.println("MSG " + q + " " + m.getQueueOffset() + " " + offsetId + " "
+                        + m.getFlag() + " " + m.getBodyCRC() + " " + b64.encodeToString(m.getBody()) + " "
+                        + b64.encodeToString(props.toString().getBytes(StandardCharsets.UTF_8)));
+                }
+                offset = r.getNextBeginOffset();
+            }
+        }
+        c.shutdown();
+    }
+}
+"""
+
 
 def run_java(rocketmq, workdir, main, *args):
     """Compile (once) and run a few lines of Java with the real client; returns its stdout lines."""
@@ -201,9 +265,12 @@ def run_java(rocketmq, workdir, main, *args):
     if not src.is_dir():
         src.mkdir()
         (src / "Produce.java").write_text(JAVA_PRODUCER)
-        (src / "Consume.java").write_text(JAVA_CONSUMER)
-        subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "Produce.java"),
-                        str(src / "Consume.java")], check=True, capture_output=True, timeout=180)
+        sources = {"Produce": JAVA_PRODUCER, "Consume": JAVA_CONSUMER, "Dump": JAVA_DUMP}
+        for name, text in sources.items():
+            (src / f"{name}.java").write_text(text)
+        subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src),
+                        *(str(src / f"{name}.java") for name in sources)],
+                       check=True, capture_output=True, timeout=180)
     out = subprocess.run(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
                           f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
                           "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args],
@@ -220,6 +287,24 @@ def rocketmq_skip(reason):
 def run_java_producer(rocketmq, workdir, topic, count):
     lines = run_java(rocketmq, workdir, "Produce", topic, str(count))
     return [line.split()[1:] for line in lines if line.startswith("SENT ")]
+
+
+def java_dump(rocketmq, workdir, topic, broker_name, queues):
+    """{queue: [(offset, msgId, flag, bodyCRC, body, properties)]} as the real Java pull consumer sees them."""
+    out = {q: [] for q in range(queues)}
+    ends = {}
+    for line in run_java(rocketmq, workdir, "Dump", topic, broker_name, str(queues)):
+        kind, *f = line.split() or [""]
+        if kind == "MSG":
+            props = base64.b64decode(f[6]).decode()
+            props = dict(kv.split("\u0001", 1) for kv in props.split("\u0002") if kv)
+            # the client adds the queue's bounds to every pulled message (PullAPIWrapper); not stored
+            props.pop("MIN_OFFSET"), props.pop("MAX_OFFSET")
+            out[int(f[0])].append((int(f[1]), f[2], int(f[3]), int(f[4]), base64.b64decode(f[5]), props))
+        elif kind == "END":
+            ends[int(f[0])] = (int(f[1]), f[2])
+    assert set(ends) == set(range(queues)), ends
+    return out, ends
 
 
 def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
@@ -303,3 +388,56 @@ def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
     assert load() == expected
     from_group = load(startingOffsets="group", consumerGroup="java_group")
     assert from_group == {k: v for k, v in expected.items() if k[1] >= commits[k[0]]}
+
+
+def test_stream_tails_a_running_broker(rocketmq, tmp_path, spark):
+    """A streaming ``format("rmq")`` query tails the store of a broker that takes messages while it
+    runs: micro-batches end where the broker's ConsumeQueue dispatch has got to (it lags the CommitLog),
+    and the sink ends with exactly the messages the broker's own pull path returns, once each."""
+    import threading
+
+    broker = rocketmq.start_broker("broker-t", workdir=tmp_path / "broker-t")
+    topic, queues, total = "Tail", 3, 900
+    sink, chk = tmp_path / "sink", tmp_path / "chk"
+    errors: list = []
+    try:
+        with RemotingClient(timeout=15) as client:
+            rq.create_topic(client, broker.addr, topic, read_queues=queues)
+            rq.send_message(client, broker.addr, topic, b"first", queue_id=0, tags="x")
+            rq.wait_max_offset(client, broker.addr, topic, 0, 1)
+            query = (spark.readStream.format("rmq").option("storePath", str(broker.store))
+                     .option("brokerName", "broker-t").option("topic", topic)
+                     .option("startingOffsets", "earliest").option("maxMessagesPerTrigger", "200").load()
+                     .writeStream.format("parquet").option("path", str(sink))
+                     .option("checkpointLocation", str(chk)).trigger(processingTime="200 milliseconds").start())
+
+            def produce():
+                try:
+                    with RemotingClient(timeout=15) as producer:
+                        for i in range(1, total, 20):
+                            rq.send_batch(producer, broker.addr, topic,
+                                          [{"body": b"m-%d" % j, "tags": f"t{j % 2}", "keys": f"k{j}"}
+                                           for j in range(i, min(i + 20, total))], queue_id=i % queues)
+                except BaseException as exc:      # noqa: BLE001 - reported by the test
+                    errors.append(exc)
+
+            t = threading.Thread(target=produce)
+            t.start()
+            t.join(120)
+            assert not errors, errors
+            ends = {q: rq.max_offset(client, broker.addr, topic, q) for q in range(queues)}
+            assert sum(ends.values()) == total
+            deadline = time.monotonic() + 180
+            while sum(p["numInputRows"] for p in query.recentProgress) < total:
+                assert query.exception() is None, query.exception()
+                assert time.monotonic() < deadline, query.recentProgress[-3:]
+                time.sleep(0.3)
+            query.stop()
+            assert query.exception() is None, query.exception()
+            pulled = {q: pull_all(client, broker.addr, topic, q) for q in range(queues)}
+    finally:
+        rocketmq.stop_broker("broker-t")
+    rows = spark.read.parquet(str(sink)).select("queueId", "queueOffset", "body", "commitLogOffset").collect()
+    got = sorted((r.queueId, r.queueOffset, bytes(r.body), r.commitLogOffset) for r in rows)
+    assert got == sorted((q, p.queue_offset, p.body, p.physical_offset) for q, recs in pulled.items() for p in recs)
+    assert len(got) == total
