@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rmq_source import native  # noqa: E402
+from rmq_source.store import native  # noqa: E402
 from rmq_source.subscription import java_string_hash  # noqa: E402
 
 MAGIC_V1 = 0xDAA320A7

@@ -1,7 +1,7 @@
 """Planning cost of the rmq source: what the driver spends per micro-batch before any task runs.
 
 Calls the source's driver-side code in this process (no Spark session): options parsed with
-``rmq_source.options.parse_options``, then :class:`rmq_source.stream_reader.RmqStreamReader`
+``rmq_source.spark.options.parse_options``, then :class:`rmq_source.spark.stream_reader.RmqStreamReader`
 ``initialOffset``, ``latestOffset`` (all available; with ``maxMessagesPerTrigger``; with
 ``maxBytesPerTrigger``), ``partitions(start, end)``, the batch reader's ``partitions()``, and
 :meth:`Store.offset_for_timestamp` for every queue (what ``startingTimestamp`` costs).
@@ -55,11 +55,11 @@ def _timed(fn, repeat: int) -> tuple[float, float, float, object]:
 
 def measure(root, queues: int, repeat: int) -> dict:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
-    from rmq_source.catalog import _CACHE
-    from rmq_source.datasource import RmqBatchReader
-    from rmq_source.options import parse_options
-    from rmq_source.store import Store
-    from rmq_source.stream_reader import RmqStreamReader
+    from rmq_source.store.catalog import _CACHE
+    from rmq_source.spark.datasource import RmqBatchReader
+    from rmq_source.spark.options import parse_options
+    from rmq_source.store.reader import Store
+    from rmq_source.spark.stream_reader import RmqStreamReader
 
     _CACHE.clear()   # every store starts cold in this process
     base = {"storePath": str(root), "topic": TOPIC, "startingOffsets": "earliest"}

@@ -41,7 +41,7 @@ def compare_pure_python(store_root, queues: int, per_queue: int, repeat: int) ->
     every queue; returns {name: best seconds} and the row count."""
     import pyarrow as pa
     from pure_python_decoder import PurePythonQueueReader
-    from rmq_source.store import Store
+    from rmq_source.store.reader import Store
 
     store = Store(store_root)
     pure = PurePythonQueueReader(store_root)
@@ -74,7 +74,7 @@ def compare_pure_python(store_root, queues: int, per_queue: int, repeat: int) ->
 def whole_store_single_thread(store_root, repeat: int) -> tuple[float, float]:
     """Best (wall, CPU) seconds for Store.iter_batches over every queue of the topic, in this
     process."""
-    from rmq_source.store import Store
+    from rmq_source.store.reader import Store
 
     with Store(store_root) as store:
         qs = store.queues([TOPIC])

@@ -42,7 +42,7 @@ LATENCY_QUEUES = 4
 
 def produce(root: str, rate: float, seconds: float) -> None:
     """Append ``rate`` messages/s for ``seconds`` (1 KiB bodies, round robin over the queues)."""
-    from rmq_source.writer import StoreWriter
+    from rmq_source.store.writer import StoreWriter
 
     body = os.urandom(1024)
     count = int(rate * seconds)
@@ -105,7 +105,7 @@ def latency(spark, workdir: Path, rate: float, seconds: float, warmup: float, tr
     chk = workdir / "latency_chk"
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(chk, ignore_errors=True)
-    from rmq_source.writer import StoreWriter
+    from rmq_source.store.writer import StoreWriter
 
     with StoreWriter(root, commitlog_file_size=64 << 20) as w:
         w.create_topic(TOPIC, LATENCY_QUEUES)

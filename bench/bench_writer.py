@@ -18,7 +18,7 @@ import tempfile
 import time
 import zlib
 
-from rmq_source.writer import StoreWriter
+from rmq_source.store.writer import StoreWriter
 
 BROKER_PUT_RATE = 230_000
 

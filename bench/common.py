@@ -75,7 +75,7 @@ def ensure_store(workdir: str | os.PathLike, spec: StoreSpec, *, quiet: bool = F
     if manifest.exists() and json.loads(manifest.read_text()).get("spec") == asdict(spec):
         return root
     shutil.rmtree(root, ignore_errors=True)
-    from rmq_source.writer import StoreWriter
+    from rmq_source.store.writer import StoreWriter
 
     if not quiet:
         print(f"writing {spec.messages:,} messages of {spec.body_size} B to {root} ...", flush=True)
@@ -129,7 +129,7 @@ def warm_page_cache(paths: Iterable[str | os.PathLike]) -> int:
 
 def store_bytes(root: str | os.PathLike) -> tuple[int, int]:
     """(messages, CommitLog record bytes) of every queue of the bench topic, from the CQ units."""
-    from rmq_source.store import Store
+    from rmq_source.store.reader import Store
 
     with Store(root) as store:
         msgs = nbytes = 0
@@ -326,7 +326,7 @@ def ensure_ceiling_files(workdir: str | os.PathLike, store_root: Path, *,
     source sends the same batches over the same number of partitions. Written once, reused."""
     import pyarrow as pa
     from rmq_source.schema import ARROW_SCHEMA
-    from rmq_source.store import Store
+    from rmq_source.store.reader import Store
 
     out = Path(workdir) / f"ceiling_{store_root.name}_{batch_rows}r_{batch_bytes}b"
     manifest = out / "ceiling.json"

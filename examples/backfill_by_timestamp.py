@@ -12,7 +12,7 @@ from pathlib import Path
 
 from _common import generate, local_spark, table
 
-from rmq_source.store import Store
+from rmq_source.store.reader import Store
 
 
 def time_span(store: Path, topic: str) -> tuple[int, int]:

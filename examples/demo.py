@@ -18,8 +18,8 @@ from pathlib import Path
 
 from _common import generate, local_spark, table
 
-from rmq_source.progress import group_lag, reset_group
-from rmq_source.store import Store
+from rmq_source.group.progress import group_lag, reset_group
+from rmq_source.store.reader import Store
 
 TOPIC, GROUP = "Orders", "lake-loader"
 

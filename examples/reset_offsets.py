@@ -2,7 +2,7 @@
 
     python examples/reset_offsets.py [--store DIR] [--topic T] [--group G] [--timestamp MS]
 
-Shows the two ways: rewriting the group's committed offsets (``rmq_source.progress.reset_group``,
+Shows the two ways: rewriting the group's committed offsets (``rmq_source.group.progress.reset_group``,
 also ``rmq-store reset-offset``), or starting a new query with ``startingOffsets``/
 ``startingTimestamp``, which take precedence over the group's progress.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from _common import generate, local_spark, table
 
-from rmq_source.progress import group_lag, reset_group
+from rmq_source.group.progress import group_lag, reset_group
 
 
 def lag(store: Path, group: str, topic: str) -> list[dict]:

@@ -3,7 +3,7 @@
 Usage: ``python native/asan_build.py OUTDIR [--portable]``. Put OUTDIR on PYTHONPATH and set
 ``RMQ_NATIVE=asan`` (module ``_rmq_native_asan``) or, with ``--portable``, ``RMQ_NATIVE=asan-portable``
 (module ``_rmq_native_asan_portable``: compiled with ``-DRMQ_PORTABLE``, i.e. the plain C code paths
-used where SSE2 is not available, no SIMD and no streaming stores) so that ``rmq_source.native``
+used where SSE2 is not available, no SIMD and no streaming stores) so that ``rmq_source.store.native``
 loads it; run Python with ``LD_PRELOAD=$(gcc -print-file-name=libasan.so)`` (the interpreter itself
 is not instrumented) and ``ASAN_OPTIONS=detect_leaks=0``.
 """

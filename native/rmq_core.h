@@ -183,7 +183,7 @@ void rmq_batch_buffers(const rmq_batch *batch, uint64_t *addrs, int64_t *lens);
  * success out->release frees it (once the root and every child moved out of it are released);
  * on failure (RMQ_E_NOMEM) it is freed and out->release is NULL. */
 int rmq_batch_export(rmq_batch *batch, struct ArrowArray *out);
-/* The type of an exported batch: struct<19 fields> (NATIVE_SCHEMA of rmq_source/native.py). */
+/* The type of an exported batch: struct<19 fields> (NATIVE_SCHEMA of rmq_source/store/native.py). */
 int rmq_schema_export(struct ArrowSchema *out);
 /* Batches allocated and not yet freed (released), pooled buffers aside: a leak check. */
 int64_t rmq_live_batches(void);

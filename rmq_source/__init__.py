@@ -11,9 +11,9 @@ __version__ = "0.1.0"
 __all__ = ["Store", "StoreWriter", "RocketMQDataSource", "Subscription", "__version__"]
 
 _LAZY = {
-    "Store": ("rmq_source.store", "Store"),
-    "StoreWriter": ("rmq_source.writer", "StoreWriter"),
-    "RocketMQDataSource": ("rmq_source.datasource", "RocketMQDataSource"),
+    "Store": ("rmq_source.store.reader", "Store"),
+    "StoreWriter": ("rmq_source.store.writer", "StoreWriter"),
+    "RocketMQDataSource": ("rmq_source.spark.datasource", "RocketMQDataSource"),
     "Subscription": ("rmq_source.subscription", "Subscription"),
 }
 

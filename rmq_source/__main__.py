@@ -1,6 +1,6 @@
 """``python -m rmq_source``: the ``rmq-store`` command line (see :mod:`rmq_source.cli`)."""
 import sys
 
-from .cli import main
+from rmq_source.cli import main
 
 sys.exit(main())

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Sequence
 
-from .errors import RmqLockError, RmqOptionError, RmqSourceError
+from rmq_source.errors import RmqLockError, RmqOptionError, RmqSourceError
 
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_STORE, EXIT_REFUSED = 0, 1, 2, 3, 4
 PROG = "rmq-store"
@@ -72,7 +72,7 @@ def _positive_float(text: str) -> float:
 
 
 def _group_name(text: str) -> str:
-    from .statefile import check_group
+    from rmq_source.group.statefile import check_group
     try:
         return check_group(text)
     except RmqOptionError as exc:
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------- generate
 
 def _generate(args) -> int:
-    from .writer import StoreWriter
+    from rmq_source.store.writer import StoreWriter
 
     tags = None
     if args.tags is not None:
@@ -249,7 +249,7 @@ def _generate(args) -> int:
 # --------------------------------------------------------------------------------------- topics
 
 def _topics(args) -> int:
-    from .store import Store
+    from rmq_source.store.reader import Store
 
     with Store(args.store, broker_name=args.broker_name) as store:
         queues = store.queues()
@@ -307,8 +307,8 @@ def _human_row(row: dict) -> str:
 
 
 def _print(args) -> int:
-    from .errors import RmqUnknownTopicError
-    from .store import Store
+    from rmq_source.errors import RmqUnknownTopicError
+    from rmq_source.store.reader import Store
 
     if args.start is not None and args.end is not None and args.end < args.start:
         raise RmqOptionError(f"--to {args.end} is before --from {args.start}")
@@ -337,8 +337,8 @@ def _print(args) -> int:
 
 def _offset_store_path(args, brokers: dict) -> str:
     """``--offset-store`` (default: the queries' default), refused inside a broker's config/."""
-    from .offset_store import check_offset_store_path
-    from .progress import default_offset_store_path
+    from rmq_source.group.offset_store import check_offset_store_path
+    from rmq_source.group.progress import default_offset_store_path
 
     path = os.path.abspath(args.offset_store or default_offset_store_path(brokers))
     try:
@@ -352,9 +352,9 @@ def _offset_store_path(args, brokers: dict) -> str:
 
 def _group_topics(root: str, broker: str, group: str, path: str) -> set[str]:
     """Topics ``group`` has offsets for, in our offset store or the broker's consumerOffset.json."""
-    from .config_files import load_config_json, read_consumer_offsets
-    from .errors import RmqOffsetStoreError
-    from .offset_store import GroupOffsetStore
+    from rmq_source.store.config_files import load_config_json, read_consumer_offsets
+    from rmq_source.errors import RmqOffsetStoreError
+    from rmq_source.group.offset_store import GroupOffsetStore
 
     own = GroupOffsetStore(path, group, broker_stores={broker: root}).file_path(broker)
     data = load_config_json(own, root=path, error_cls=RmqOffsetStoreError)
@@ -383,8 +383,8 @@ def _table_lines(header: Sequence[str], rows: list[Sequence], left: int = 1) -> 
 
 
 def _lag(args) -> int:
-    from .progress import group_lag
-    from .store import Store
+    from rmq_source.group.progress import group_lag
+    from rmq_source.store.reader import Store
 
     root = os.path.abspath(args.store)
     brokers = {args.broker_name: root}
@@ -427,7 +427,7 @@ def _lag(args) -> int:
 def _parse_offsets(text: str, topic: str, broker: str) -> dict:
     """``--offsets``: {"queueId": offset} or {topic: {broker: {"queueId": offset}}} ->
     {MessageQueue: offset}; offsets >= 0, or -2 (earliest) / -1 (latest)."""
-    from .allocation import MessageQueue
+    from rmq_source.group.allocation import MessageQueue
 
     shapes = ('{"queueId": offset}', f'{{"{topic}": {{"{broker}": {{"queueId": offset}}}}}}')
     expected = f"expected {shapes[0]} or {shapes[1]}"
@@ -468,8 +468,8 @@ def _parse_offsets(text: str, topic: str, broker: str) -> dict:
 
 def _group_users(path: str, group: str) -> tuple[list[str], dict[str, str]]:
     """(live clients, {queue: owner} of unexpired locks) of ``group`` in the state folder ``path``."""
-    from .group_membership import GroupMembership
-    from .locks import QueueLockManager, parse_queue_key
+    from rmq_source.group.membership import GroupMembership
+    from rmq_source.group.locks import QueueLockManager, parse_queue_key
 
     if not os.path.isdir(path):
         return [], {}
@@ -493,10 +493,10 @@ def _in_use_text(group: str, live: list[str], held: dict[str, str]) -> str:
 
 
 def _reset(args) -> int:
-    from .catalog import StoreCatalog
-    from .offset_store import OFFSET_FILE_NAME, ReadOffsetType
-    from .progress import open_group, reset_group
-    from .store import Store
+    from rmq_source.store.catalog import StoreCatalog
+    from rmq_source.group.offset_store import OFFSET_FILE_NAME, ReadOffsetType
+    from rmq_source.group.progress import open_group, reset_group
+    from rmq_source.store.reader import Store
 
     root = os.path.abspath(args.store)
     brokers = {args.broker_name: root}
@@ -545,8 +545,8 @@ def _reset(args) -> int:
 # --------------------------------------------------------------------------------------- search
 
 def _search(args) -> int:
-    from .index_file import find_by_key
-    from .store import Store
+    from rmq_source.store.index_file import find_by_key
+    from rmq_source.store.reader import Store
 
     if args.method == "scan" and (args.hash_slots is not None or args.index_num is not None):
         raise RmqOptionError("--hash-slots/--index-num describe index files; they do not apply "

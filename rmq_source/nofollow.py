@@ -31,7 +31,7 @@ import stat
 from contextlib import contextmanager
 from typing import Iterator
 
-from .errors import RmqSourceError
+from rmq_source.errors import RmqSourceError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # O_NONBLOCK keeps the open of a planted FIFO from blocking; it changes nothing for regular files.

@@ -1,7 +1,7 @@
 """User allocation strategies that tests load through create_strategy("alloc_user_strategy:Class")."""
 from __future__ import annotations
 
-from rmq_source.allocation import MessageQueue
+from rmq_source.group.allocation import MessageQueue
 
 
 class EveryNth:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rmq_source.writer import StoreWriter
+from rmq_source.store.writer import StoreWriter
 
 TAGS = ("TagA", "TagB", "TagC", None, "Aa", "BB")
 

@@ -1,4 +1,4 @@
-"""rmq_source.allocation against RocketMQ 4.9.3's own answers (oracle fixture) and Java edge cases."""
+"""rmq_source.group.allocation against RocketMQ 4.9.3's own answers (oracle fixture) and Java edge cases."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_source.allocation import (
+from rmq_source.group.allocation import (
     AllocateMachineRoomNearby,
     AllocateMessageQueueAveragely,
     AllocateMessageQueueAveragelyByCircle,
@@ -482,7 +482,7 @@ def test_user_strategy_failures_raise(monkeypatch, spec, message, cause):
 def test_slot_allocation_is_memoized_only_for_built_in_strategies():
     """The planner remembers a built-in strategy's allocation (a pure function of its arguments)
     and asks a user's strategy every time, and both give the same answer as a fresh call."""
-    from rmq_source.planner import allocate_slots
+    from rmq_source.spark.planner import allocate_slots
 
     class Counting:
         calls = 0

@@ -102,7 +102,7 @@ def test_send_pull_offsets(rocketmq, client):
         assert rec.properties["KEYS"] == f"k{i} common"
         assert rec.properties["color"] == "red" and rec.properties["n"] == str(i)
         assert rec.properties["UNIQ_KEY"] == sent[i].uniq_keys[0]
-        from rmq_source.record_codec import offset_msg_id
+        from rmq_source.store.record_codec import offset_msg_id
         assert offset_msg_id(rec.store_host, rec.physical_offset) == sent[i].offset_msg_id
     assert recs[5].sys_flag & 1 and zlib.decompress(recs[5].body) == big
     assert recs[5].properties["UNIQ_KEY"] == rz.uniq_keys[0]

@@ -20,12 +20,12 @@ import zlib
 import pytest
 
 import rocketmq_cluster as rc_cluster
-from rmq_source import record_codec
-from rmq_source.bodies import decompress_body
+from rmq_source.store import record_codec
+from rmq_source.store.bodies import decompress_body
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
-from rmq_source.store import Store
-from rmq_source.writer import StoreWriter
+from rmq_source.store.reader import Store
+from rmq_source.store.writer import StoreWriter
 
 pytestmark = pytest.mark.broker
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import fixture_dir
 
-pytest.importorskip("rmq_source.store", reason="the CLI reads stores through rmq_source.store")
+pytest.importorskip("rmq_source.store.reader", reason="the CLI reads stores through rmq_source.store.reader")
 
 
 def run(*args, timeout=120) -> subprocess.CompletedProcess:
@@ -198,7 +198,7 @@ def test_data_deleted_by_retention_exits_3(tmp_path):
     root = tmp_path / "s"
     assert run("generate", root, "--topic", "T", "--queues", 1, "--messages", 200, "--no-progress",
                "--commitlog-file-size", 8192, "--cq-units-per-file", 8).returncode == 0
-    from rmq_source.writer import delete_oldest_commitlog_files
+    from rmq_source.store.writer import delete_oldest_commitlog_files
     delete_oldest_commitlog_files(root, 2)
     ok = run("print", root, "--topic", "T", "--json")              # default range: min..max
     assert ok.returncode == 0 and json_lines(ok.stdout)[0]["queueOffset"] > 0

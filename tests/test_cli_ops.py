@@ -18,8 +18,8 @@ import pytest
 
 from conftest import fixture_dir, fixtures_root
 
-from rmq_source.group_membership import GroupMembership
-from rmq_source.locks import QueueLockManager
+from rmq_source.group.membership import GroupMembership
+from rmq_source.group.locks import QueueLockManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_builder import build_store  # noqa: E402
@@ -163,8 +163,8 @@ def test_reset_and_lag_share_a_custom_offset_store(written, tmp_path):
 
 
 def test_lag_skips_topics_that_left_the_store(written):
-    from rmq_source.allocation import MessageQueue
-    from rmq_source.offset_store import GroupOffsetStore
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.group.offset_store import GroupOffsetStore
     root, _ = written
     offsets = GroupOffsetStore(root / "rmq_source_offsets", GROUP)
     offsets.update_offset(MessageQueue("Gone", "broker-a", 0), 5)

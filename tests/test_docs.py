@@ -1,14 +1,14 @@
 """The documentation that is generated from code stays in sync with it."""
 from pathlib import Path
 
-from rmq_source.options import OPTION_DOCS, options_markdown
+from rmq_source.spark.options import OPTION_DOCS, options_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def test_options_reference_matches_the_parser():
     text = (DOCS / "options.md").read_text(encoding="utf-8")
-    assert options_markdown() in text, "regenerate docs/options.md from rmq_source.options"
+    assert options_markdown() in text, "regenerate docs/options.md from rmq_source.spark.options"
     for name in OPTION_DOCS:
         assert f"`{name}`" in text
 

@@ -27,7 +27,7 @@ import pytest
 from conftest import missing, require
 from fault_helpers import procs
 from fault_helpers.payload import body_for, props_for, tags_for
-from rmq_source.writer import StoreWriter
+from rmq_source.store.writer import StoreWriter
 
 TOPIC = "ClusterTopic"
 QUEUES = 4

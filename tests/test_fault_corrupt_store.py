@@ -30,9 +30,9 @@ import pytest
 from conftest import raises_rmq
 from fault_helpers import procs
 from fault_helpers.payload import body_for, props_for, tags_for
-from rmq_source import native
+from rmq_source.store import native
 from rmq_source.errors import RmqCorruptStoreError
-from rmq_source.writer import StoreWriter, delete_oldest_commitlog_files
+from rmq_source.store.writer import StoreWriter, delete_oldest_commitlog_files
 
 TOPIC = "Hostile"
 QUEUES = 2

@@ -6,7 +6,7 @@ tiny mapped files (16 KiB CommitLog files, 32-unit ConsumeQueue files), mixing s
 sends and compressed bodies. Meanwhile this process reads every queue over and over (its live
 tail ``[max - 30, max + 50)``, and every fifth time all of ``[min, max + 50)``), alternately
 through the public :class:`Store` API and through the C scanner directly
-(:mod:`rmq_source.native`, files mapped fresh each time). Every row must be exactly the message the
+(:mod:`rmq_source.store.native`, files mapped fresh each time). Every row must be exactly the message the
 writer put at that queue offset (the payload is a function of the offset, so a partial or stale
 record cannot pass), offsets must be contiguous, and no read may fail. After the writer exits, every
 row seen is compared with the writer's own AppendResults log (commitLogOffset, storeSize, msgId).
@@ -24,10 +24,10 @@ import pytest
 
 from fault_helpers import procs
 from fault_helpers.payload import body_for, check_row, props_for, tags_for
-from rmq_source import native
+from rmq_source.store import native
 from rmq_source.errors import RmqCorruptStoreError, RmqStoreLayoutError
-from rmq_source.store import Store
-from rmq_source.writer import StoreWriter
+from rmq_source.store.reader import Store
+from rmq_source.store.writer import StoreWriter
 
 TOPIC = "FaultTopic"
 CL_SIZE = 16 * 1024     # tiny files: the CommitLog rolls ~30 times a second

@@ -24,8 +24,8 @@ import pytest
 from conftest import raises_rmq
 from fault_helpers.payload import body_for, check_row, props_for, tags_for
 from rmq_source.errors import RmqDataLossError
-from rmq_source.store import Store
-from rmq_source.writer import AppendResult, StoreWriter, delete_oldest_commitlog_files
+from rmq_source.store.reader import Store
+from rmq_source.store.writer import AppendResult, StoreWriter, delete_oldest_commitlog_files
 
 TOPIC = "Ret"
 QUEUES = 3

@@ -31,7 +31,7 @@ import fuzz_harness as fh  # noqa: E402  (tests/fuzz is not a package)
 import fuzz_model as fm  # noqa: E402
 import make_corpus  # noqa: E402
 
-from rmq_source import native  # noqa: E402
+from rmq_source.store import native  # noqa: E402
 
 CI_SECONDS_PER_TARGET = 30          # two targets: about 75 s with build and start-up
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rmq_source.errors import RmqLockError, RmqOptionError
-from rmq_source.group_membership import GroupMembership, java_sorted
-from rmq_source.statefile import CLOCK_SKEW_ALLOWANCE_MS
+from rmq_source.group.membership import GroupMembership, java_sorted
+from rmq_source.group.statefile import CLOCK_SKEW_ALLOWANCE_MS
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "GID_orderly"
@@ -187,7 +187,7 @@ def run_python(code: str, *args: str) -> subprocess.Popen:
 
 BEATER = """
     import sys
-    from rmq_source.group_membership import GroupMembership
+    from rmq_source.group.membership import GroupMembership
     state_dir, group, cid, n, leave = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     m = GroupMembership(state_dir, group, cid, heartbeat_timeout_ms=60000)
     for _ in range(n):
@@ -209,7 +209,7 @@ def test_concurrent_heartbeats_lose_nobody(tmp_path, leave, expected):
 
 DOOMED = """
     import sys, time
-    from rmq_source.group_membership import GroupMembership
+    from rmq_source.group.membership import GroupMembership
     m = GroupMembership(sys.argv[1], sys.argv[2], "doomed", heartbeat_timeout_ms=int(sys.argv[3]))
     print(",".join(m.heartbeat()), flush=True)
     time.sleep(60)

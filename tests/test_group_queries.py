@@ -13,8 +13,8 @@ import time
 import pytest
 
 from fault_helpers.sinks import union_of_sinks
-from rmq_source.locks import find_lock_overlaps, read_history
-from rmq_source.writer import StoreWriter
+from rmq_source.group.locks import find_lock_overlaps, read_history
+from rmq_source.store.writer import StoreWriter
 from store_builder import append_messages, build_store
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -12,11 +12,11 @@ import time
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from rmq_source.locks import check_task_locks, find_lock_overlaps, read_history
-from rmq_source.offset_store import ReadOffsetType
-from rmq_source.offsets import from_json_dict
-from rmq_source.options import parse_options
-from rmq_source.stream_reader import RmqStreamReader
+from rmq_source.group.locks import check_task_locks, find_lock_overlaps, read_history
+from rmq_source.group.offset_store import ReadOffsetType
+from rmq_source.spark.offsets import from_json_dict
+from rmq_source.spark.options import parse_options
+from rmq_source.spark.stream_reader import RmqStreamReader
 from store_builder import build_store
 
 LEASE_MS = 1500

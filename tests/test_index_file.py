@@ -19,11 +19,11 @@ from conftest import fixture_dir, fixtures_root
 
 from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
-from rmq_source.index_file import (DEFAULT_HASH_SLOTS, DEFAULT_INDEX_NUM, IndexFile, find_by_key,
+from rmq_source.store.index_file import (DEFAULT_HASH_SLOTS, DEFAULT_INDEX_NUM, IndexFile, find_by_key,
                                    index_candidates, index_file_paths, index_key_hash)
-from rmq_source.store import Store
+from rmq_source.store.reader import Store
 from rmq_source.subscription import java_string_hash
-from rmq_source.writer import StoreWriter
+from rmq_source.store.writer import StoreWriter
 
 BASIC = fixtures_root() / "rocketmq-4.9.3" / "basic"
 
@@ -278,7 +278,7 @@ def _copy(root: Path, tmp_path: Path) -> Path:
 def test_candidates_into_deleted_commitlog_are_unresolved(crafted, tmp_path):
     root, messages, _ = crafted
     copy = _copy(root, tmp_path)
-    from rmq_source.writer import delete_oldest_commitlog_files
+    from rmq_source.store.writer import delete_oldest_commitlog_files
     delete_oldest_commitlog_files(copy, 1)
     with Store(copy) as store:
         gone = store.commitlog().min_offset

@@ -17,9 +17,9 @@ import pytest
 
 from conftest import require
 from rmq_source.errors import RmqLockError, RmqOptionError
-from rmq_source.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock, QueueLockManager,
+from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock, QueueLockManager,
                               find_lock_overlaps, parse_queue_key, queue_key, read_history)
-from rmq_source.statefile import CLOCK_SKEW_ALLOWANCE_MS
+from rmq_source.group.statefile import CLOCK_SKEW_ALLOWANCE_MS
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "GID_orderly"
@@ -40,7 +40,7 @@ class FakeClock:
 
 
 @dataclass(frozen=True)
-class MQ:  # shape of rmq_source.allocation.MessageQueue
+class MQ:  # shape of rmq_source.group.allocation.MessageQueue
     topic: str
     broker_name: str
     queue_id: int
@@ -314,8 +314,8 @@ def test_assert_held_batch_names_the_first_queue_not_held(mgr, clock):
     (None, 0, "not locked by anyone"),
 ])
 def test_check_task_locks_guards_a_spark_partition(tmp_path, holder, age_ms, match):
-    pr = require("rmq_source.partition_reader", "needs pyspark")
-    from rmq_source.locks import check_task_locks
+    pr = require("rmq_source.spark.partition_reader", "needs pyspark")
+    from rmq_source.group.locks import check_task_locks
     clock = FakeClock(int(time.time() * 1000) - age_ms)  # the task itself uses the real clock
     mgr = QueueLockManager(tmp_path, GROUP, lease_ms=LEASE, clock=clock)
     if holder:
@@ -511,7 +511,7 @@ def finish(procs, timeout=30):
 
 WRITER = """
     import sys
-    from rmq_source.locks import QueueLockManager
+    from rmq_source.group.locks import QueueLockManager
     state_dir, group, client, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     mgr = QueueLockManager(state_dir, group, lease_ms=60000)
     for i in range(n):
@@ -529,7 +529,7 @@ def test_processes_racing_lose_no_update(tmp_path):
 
 HAMMER = """
     import json, random, sys, time
-    from rmq_source.locks import ClientLockView, QueueLockManager
+    from rmq_source.group.locks import ClientLockView, QueueLockManager
     state_dir, group, client, out = sys.argv[1:5]
     stall_at = float(sys.argv[5])
     lease, client_lease, queues, duration = 400, 200, 5, 1.5
@@ -614,7 +614,7 @@ def test_racing_processes_never_share_a_queue(tmp_path):
 
 HOLDER = """
     import sys, time
-    from rmq_source.locks import QueueLockManager
+    from rmq_source.group.locks import QueueLockManager
     mgr = QueueLockManager(sys.argv[1], sys.argv[2], lease_ms=int(sys.argv[3]))
     got = mgr.try_lock_batch([("TopicOrder", "broker-a", i) for i in range(3)], "doomed")
     print(len(got), flush=True)
@@ -650,7 +650,7 @@ def test_killed_client_locks_expire_then_are_taken_over(tmp_path):
 FLOCK_HOLDER = """
     import sys, time
     from rmq_source.errors import RmqLockError
-    from rmq_source.statefile import file_lock
+    from rmq_source.group.statefile import file_lock
     with file_lock(sys.argv[1], exclusive=True, timeout_s=None, error_cls=RmqLockError):
         print("held", flush=True)
         time.sleep(60)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_source import native
+from rmq_source.store import native
 from rmq_source.errors import RmqCorruptStoreError
 from test_native_craft import CraftStore, Rec, java_hash, open_store
 
@@ -88,7 +88,7 @@ _SUBPROCESS = r"""
 import json, resource, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from pathlib import Path
-from rmq_source import native
+from rmq_source.store import native
 from test_native_craft import open_store
 cl, cq = open_store(Path(sys.argv[2]), 8192)
 vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")

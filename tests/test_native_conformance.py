@@ -20,7 +20,7 @@ import pytest
 
 from conftest import fixture_dir, fixtures_root, missing
 
-from rmq_source import native
+from rmq_source.store import native
 from rmq_source.subscription import Subscription
 
 VERSIONS = ["rocketmq-4.9.3", "rocketmq-5.3.3"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import fixture_dir, missing, require
-from rmq_source import native
+from rmq_source.store import native
 from rmq_source.errors import RmqCorruptStoreError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -348,7 +348,7 @@ def test_corrupt_and_decoder_tables_under_asan(asan_build, variant):
         "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     })
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, rmq_source.native; "
+        [sys.executable, "-c", "import sys, rmq_source.store.native; "
                                "assert 'rmq_source._native' not in sys.modules; "
                                f"print(sys.modules['{module}'].__file__)"],
         env=env, capture_output=True, text=True, cwd=REPO)

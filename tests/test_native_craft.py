@@ -162,8 +162,8 @@ def files_of(folder: Path) -> list[tuple[int, str]]:
 
 
 def open_store(root: Path, cl_file_size: int, topic: str = "T", qid: int = 0):
-    """(CommitLog, cq segments) through rmq_source.native for a crafted or copied store."""
-    from rmq_source import native
+    """(CommitLog, cq segments) through rmq_source.store.native for a crafted or copied store."""
+    from rmq_source.store import native
     cl = native.CommitLog([native.map_segment(p, s) for s, p in files_of(Path(root) / "commitlog")],
                           cl_file_size)
     qdir = Path(root) / "consumequeue" / topic / str(qid)

@@ -11,7 +11,7 @@ import zlib
 import pyarrow as pa
 import pytest
 
-from rmq_source import native
+from rmq_source.store import native
 from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqStoreIOError,
                                RmqStoreLayoutError)
 

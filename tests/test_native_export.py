@@ -25,7 +25,7 @@ import zlib
 import pyarrow as pa
 import pytest
 
-from rmq_source import native
+from rmq_source.store import native
 
 from test_native_craft import CQ_UNIT, CraftStore, Rec, host, java_hash, open_store
 

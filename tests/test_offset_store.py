@@ -1,4 +1,4 @@
-"""rmq_source.offset_store: RocketMQ offset-store semantics, the broker's file shape, crash safety,
+"""rmq_source.group.offset_store: RocketMQ offset-store semantics, the broker's file shape, crash safety,
 fallback to the broker's own consumerOffset.json, and no lost update between processes."""
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 
 from conftest import fixture_dir
 
-from rmq_source.allocation import MessageQueue
-from rmq_source.config_files import dump_fastjson, parse_fastjson, write_config_atomic
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.config_files import dump_fastjson, parse_fastjson, write_config_atomic
 from rmq_source.errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError
-from rmq_source.offset_store import OFFSET_FILE_NAME, GroupOffsetStore, ReadOffsetType
+from rmq_source.group.offset_store import OFFSET_FILE_NAME, GroupOffsetStore, ReadOffsetType
 
 REPO = Path(__file__).resolve().parents[1]
 MQ = MessageQueue
@@ -342,8 +342,8 @@ def test_lock_held_by_another_process_times_out(tmp_path):
 
 CHILD = textwrap.dedent("""
     import os, sys, time
-    from rmq_source.allocation import MessageQueue
-    from rmq_source.offset_store import GroupOffsetStore
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.group.offset_store import GroupOffsetStore
     path, group, topic, first_qid, rounds, go = sys.argv[1:7]
     while not os.path.exists(go):
         time.sleep(0.001)

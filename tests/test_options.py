@@ -1,4 +1,4 @@
-"""rmq_source.options: every option parsed into SourceOptions, and every bad value rejected clearly."""
+"""rmq_source.spark.options: every option parsed into SourceOptions, and every bad value rejected clearly."""
 from __future__ import annotations
 
 import os
@@ -9,10 +9,10 @@ import time
 import pytest
 
 from conftest import require
-from rmq_source.allocation import MessageQueue
+from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
-from rmq_source.options import OPTION_DOCS, SourceOptions, options_markdown, parse_options
-from rmq_source.query import strategy_of
+from rmq_source.spark.options import OPTION_DOCS, SourceOptions, options_markdown, parse_options
+from rmq_source.spark.query import strategy_of
 
 MQ = MessageQueue
 NOW_MS = 1_700_000_000_123

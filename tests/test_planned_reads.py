@@ -13,10 +13,10 @@ import shutil
 
 import pytest
 
-from rmq_source.datasource import RmqBatchReader
+from rmq_source.spark.datasource import RmqBatchReader
 from rmq_source.errors import RmqConfigFileError, RmqDataLossError, RmqStoreLayoutError
-from rmq_source.store import Store
-from rmq_source.writer import StoreWriter
+from rmq_source.store.reader import Store
+from rmq_source.store.writer import StoreWriter
 
 TOPIC = "T"
 PER_QUEUE = 10
@@ -117,10 +117,10 @@ def test_without_fail_on_data_loss_the_rest_is_read_and_each_loss_warned(two_bro
     reader = _reader(a, b, fail=False)
     parts = reader.partitions()
     mutate(a, b)
-    with caplog.at_level(logging.WARNING, logger="rmq_source.partition_reader"):
+    with caplog.at_level(logging.WARNING, logger="rmq_source.spark.partition_reader"):
         seen = _run(reader, parts)
     assert seen == _all() - _lost_rows(lost)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "rmq_source.partition_reader"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rmq_source.spark.partition_reader"]
     assert len(warnings) == len(lost), warnings
     for (broker, queue, first, end), text in zip(lost, warnings):
         assert (f"brokerName={broker}, queueId={queue}]: offsets [{first}, {end}) "
@@ -143,10 +143,10 @@ def test_broker_removed_while_a_task_reads(two_brokers, caplog, fail):
                                                    r"\[3, 10\) \(7 messages\).*store root .* no longer exists"):
             list(rows)
         return
-    with caplog.at_level(logging.WARNING, logger="rmq_source.partition_reader"):
+    with caplog.at_level(logging.WARNING, logger="rmq_source.spark.partition_reader"):
         rest = [r for batch in rows for r in batch.to_pylist()]
     assert {(r["brokerName"], r["queueId"], r["queueOffset"]) for r in rest} == _all(["brokerB"])
-    texts = [r.getMessage() for r in caplog.records if r.name == "rmq_source.partition_reader"]
+    texts = [r.getMessage() for r in caplog.records if r.name == "rmq_source.spark.partition_reader"]
     assert [t.split(":")[0] for t in texts] == [
         "MessageQueue [topic=T, brokerName=brokerA, queueId=0]",
         "MessageQueue [topic=T, brokerName=brokerA, queueId=1]"]

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from conftest import fixture_dir
-from rmq_source.allocation import MessageQueue
-from rmq_source.config_files import read_consumer_offsets
-from rmq_source.offset_store import GroupOffsetStore
-from rmq_source.store import Store
-from rmq_source.writer import StoreWriter
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.config_files import read_consumer_offsets
+from rmq_source.group.offset_store import GroupOffsetStore
+from rmq_source.store.reader import Store
+from rmq_source.store.writer import StoreWriter
 from store_builder import append_messages, build_store
 
 pytestmark = pytest.mark.spark

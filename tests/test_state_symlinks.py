@@ -16,14 +16,14 @@ from types import SimpleNamespace
 
 import pytest
 
-import rmq_source.group_session as group_session
-from rmq_source.allocation import MessageQueue
-from rmq_source.config_files import dump_fastjson
+import rmq_source.group.session as group_session
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.config_files import dump_fastjson
 from rmq_source.errors import RmqLockError, RmqOffsetStoreError
-from rmq_source.group_membership import GroupMembership
-from rmq_source.group_session import GroupSession
-from rmq_source.locks import QueueLockManager, read_history
-from rmq_source.offset_store import GroupOffsetStore, ReadOffsetType
+from rmq_source.group.membership import GroupMembership
+from rmq_source.group.session import GroupSession
+from rmq_source.group.locks import QueueLockManager, read_history
+from rmq_source.group.offset_store import GroupOffsetStore, ReadOffsetType
 
 G = "GID_shared"
 MQ = MessageQueue("T", "broker-a", 0)

@@ -13,7 +13,7 @@ from collections import defaultdict
 import pytest
 
 from conftest import fixture_dir
-from rmq_source.store import Store
+from rmq_source.store.reader import Store
 from rmq_source.subscription import Subscription
 
 FIXTURES = ["rocketmq-4.9.3/basic", "rocketmq-5.3.3/basic"]

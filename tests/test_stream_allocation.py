@@ -6,8 +6,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from rmq_source.errors import RmqAllocationError
-from rmq_source.options import parse_options
-from rmq_source.stream_reader import RmqStreamReader
+from rmq_source.spark.options import parse_options
+from rmq_source.spark.stream_reader import RmqStreamReader
 from store_builder import build_store
 
 

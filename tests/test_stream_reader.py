@@ -9,12 +9,12 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
 from rmq_source.errors import RmqDataLossError, RmqUnknownTopicError
-from rmq_source.offsets import from_json_dict
-from rmq_source.options import parse_options
-from rmq_source.planner import share_limit
-from rmq_source.store import Store
-from rmq_source.stream_reader import RmqStreamReader
-from rmq_source.writer import StoreWriter
+from rmq_source.spark.offsets import from_json_dict
+from rmq_source.spark.options import parse_options
+from rmq_source.spark.planner import share_limit
+from rmq_source.store.reader import Store
+from rmq_source.spark.stream_reader import RmqStreamReader
+from rmq_source.store.writer import StoreWriter
 from store_builder import append_messages, build_store
 
 
@@ -142,7 +142,7 @@ def test_first_batch_reads_from_the_start_it_was_planned_from(store):
 def test_compacting_the_plans_keeps_what_a_stopped_query_needs(store, monkeypatch):
     """A query that is down while the others plan on must still find, however long after, the
     plans of its first batch, of the batch it may re-run and of the batch committed before it."""
-    import rmq_source.group_session as gs
+    import rmq_source.group.session as gs
     monkeypatch.setattr(gs, "_PLANS_KEEP", 3)
     monkeypatch.setattr(gs, "_PLANS_COMPACT_BYTES", 2000)
     group = dict(consumerGroup="GC", startingOffsets="group",
@@ -361,7 +361,7 @@ def test_offsets_json_naming_a_queue_the_topic_lacks_is_refused(store, option, v
 
 
 def test_batch_ending_offsets_naming_a_queue_the_topic_lacks_is_refused(store):
-    from rmq_source.batch_reader import plan_batch
+    from rmq_source.spark.batch_reader import plan_batch
     opts = parse_options({"storePath": str(store), "topic": "T",
                           "endingOffsets": '{"T": {"broker-a": {"0": 5, "3": 5}}}'},
                          streaming=False)
@@ -373,7 +373,7 @@ def test_batch_ending_offsets_naming_a_queue_the_topic_lacks_is_refused(store):
 def test_batch_read_from_beyond_a_recreated_queue_starts_at_its_min(store, caplog, fail):
     """A batch read whose start lies beyond a queue's max (the store was re-created since the
     group's progress was recorded) fails, or continues at the queue's earliest offset."""
-    from rmq_source.batch_reader import plan_batch
+    from rmq_source.spark.batch_reader import plan_batch
     opts = parse_options({"storePath": str(store), "topic": "T",
                           "failOnDataLoss": str(fail).lower(),
                           "startingOffsets": '{"T": {"broker-a": {"0": 100, "1": 5, "2": 0}}}'},

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import fixture_dir
 
-from rmq_source import record_codec as rc
+from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqCorruptStoreError, RmqOptionError
 
 

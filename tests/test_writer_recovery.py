@@ -12,10 +12,10 @@ import pytest
 
 from conftest import fixture_dir, require
 
-from rmq_source import record_codec as rc
-from rmq_source.config_files import read_topics
+from rmq_source.store import record_codec as rc
+from rmq_source.store.config_files import read_topics
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
-from rmq_source.writer import StoreWriter, delete_oldest_commitlog_files
+from rmq_source.store.writer import StoreWriter, delete_oldest_commitlog_files
 
 require("rmq_source._native", "recovery needs the compiled C core (pip install -e .)")
 
@@ -67,7 +67,7 @@ def test_reopen_with_contradicting_sizes_is_refused(tmp_path):
 
 def test_crashed_writer_leaves_a_resumable_store(tmp_path):
     root = tmp_path / "s"
-    script = ("import os, sys\nfrom rmq_source.writer import StoreWriter\n"
+    script = ("import os, sys\nfrom rmq_source.store.writer import StoreWriter\n"
               f"w = StoreWriter(sys.argv[1], commitlog_file_size={CL}, cq_units_per_file={UNITS})\n"
               "w.create_topic('T', 2)\n"
               "rs = [w.append('T', b'x' * i, tags='TagA') for i in range(40)]\n"
@@ -220,7 +220,7 @@ def test_appending_to_a_store_the_broker_wrote(tmp_path, version, style):
         topics = read_topics(root)
         assert topics["SCHEDULE_TOPIC_XXXX"]["readQueueNums"] == 18    # broker's entries kept
     try:
-        from rmq_source.store import Store
+        from rmq_source.store.reader import Store
     except ImportError:
         return
     with Store(root) as store:

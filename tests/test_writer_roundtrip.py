@@ -1,4 +1,4 @@
-"""Whatever StoreWriter writes, the reader (rmq_source.store.Store) returns unchanged."""
+"""Whatever StoreWriter writes, the reader (rmq_source.store.reader.Store) returns unchanged."""
 from __future__ import annotations
 
 import subprocess
@@ -17,10 +17,10 @@ require("hypothesis", "the round-trip properties are hypothesis tests")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rmq_source import record_codec as rc
-from rmq_source.writer import StoreWriter
+from rmq_source.store import record_codec as rc
+from rmq_source.store.writer import StoreWriter
 
-store_module = require("rmq_source.store", "the reader is not available")
+store_module = require("rmq_source.store.reader", "the reader is not available")
 Store = store_module.Store
 
 # text that a property string can carry: no separators, no lone surrogates
@@ -143,7 +143,7 @@ def test_tag_filter_on_written_store(tmp_path):
 
 WRITER_SCRIPT = """
 import sys, time
-from rmq_source.writer import StoreWriter
+from rmq_source.store.writer import StoreWriter
 root, count = sys.argv[1], int(sys.argv[2])
 with StoreWriter(root, commitlog_file_size=8192, cq_units_per_file=16) as w:
     w.create_topic("Live", 2)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from rmq_source import record_codec as rc
-from rmq_source import writer as writer_module
-from rmq_source.config_files import read_topics
+from rmq_source.store import record_codec as rc
+from rmq_source.store import writer as writer_module
+from rmq_source.store.config_files import read_topics
 from rmq_source.errors import RmqOptionError, RmqSourceError, RmqUnknownTopicError
 from rmq_source.subscription import java_string_hash
-from rmq_source.writer import StoreWriter
+from rmq_source.store.writer import StoreWriter
 
 CL = 4096          # tiny CommitLog files: several roll-overs per test
 UNITS = 8          # ConsumeQueue files of 8 units
@@ -356,7 +356,7 @@ def test_second_writer_is_refused(tmp_path):
     with StoreWriter(root, commitlog_file_size=CL):
         with pytest.raises(RmqSourceError, match="already open"):
             StoreWriter(root)
-        probe = ("import sys\nfrom rmq_source.writer import StoreWriter\n"
+        probe = ("import sys\nfrom rmq_source.store.writer import StoreWriter\n"
                  "try:\n    StoreWriter(sys.argv[1])\nexcept Exception as e:\n"
                  "    print(type(e).__name__, e)\n")
         out = subprocess.run([sys.executable, "-c", probe, str(root)], capture_output=True,

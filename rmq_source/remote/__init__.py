@@ -3,7 +3,7 @@
 :mod:`.frames` encodes and decodes frames, :mod:`.client` holds connections with opaque-matched
 answers and per-call timeouts, :mod:`.requests` has typed helpers for the requests rmq_source needs.
 """
-from .client import Connection, RemotingClient
-from .frames import RemotingCommand
+from rmq_source.remote.client import Connection, RemotingClient
+from rmq_source.remote.frames import RemotingCommand
 
 __all__ = ["Connection", "RemotingClient", "RemotingCommand"]

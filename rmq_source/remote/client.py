@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Callable
 
-from ..errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
+from rmq_source.errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
                       RmqRemotingProtocolError, RmqRemotingTimeoutError)
-from . import frames
-from .frames import RemotingCommand
+from rmq_source.remote import frames
+from rmq_source.remote.frames import RemotingCommand
 
 DEFAULT_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0

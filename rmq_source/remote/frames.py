@@ -11,7 +11,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from ..errors import RmqRemotingProtocolError
+from rmq_source.errors import RmqRemotingProtocolError
 
 #: NettyDecoder's frame limit (the length field's value).
 MAX_FRAME = 16 * 1024 * 1024

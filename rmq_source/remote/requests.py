@@ -13,10 +13,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from .. import record_codec as rc
-from ..errors import RmqRemotingProtocolError
-from .client import RemotingClient
-from .frames import loads_fastjson
+from rmq_source.store import record_codec as rc
+from rmq_source.errors import RmqRemotingProtocolError
+from rmq_source.remote.client import RemotingClient
+from rmq_source.remote.frames import loads_fastjson
 
 # request codes
 SEND_MESSAGE = 10

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/ (for fault_helpers)
 
 from fault_helpers.payload import batch_props, body_for, props_for, tags_for  # noqa: E402
-from rmq_source.writer import StoreWriter  # noqa: E402
+from rmq_source.store.writer import StoreWriter  # noqa: E402
 
 _stop = False
 

@@ -20,7 +20,7 @@ import os
 import signal
 
 from rmq_source import RocketMQDataSource
-from rmq_source.stream_reader import RmqStreamReader
+from rmq_source.spark.stream_reader import RmqStreamReader
 
 
 def _spec() -> tuple[str, int]:

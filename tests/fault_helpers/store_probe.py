@@ -21,7 +21,7 @@ import sys
 
 import pyarrow as pa
 
-from rmq_source.store import Store
+from rmq_source.store.reader import Store
 
 
 def _digest(value) -> str:

@@ -5,7 +5,7 @@ Two targets (entry points :func:`record_target` and :func:`queue_target`):
 * ``record``: the fuzz input holds a 16-byte header, raw ConsumeQueue units and the CommitLog
   bytes. The CommitLog bytes are cut into files; ConsumeQueue units are derived by walking those
   bytes as the broker lays records out (plus the raw units and optional pre-blank units). Every
-  entry point of ``rmq_source.native`` runs on them.
+  entry point of ``rmq_source.store.native`` runs on them.
 * ``queue``: a fixed, valid CommitLog (records of the RocketMQ 4.9.3 reference store when present,
   plus crafted V1/V2/IPv6/compressed/BLANK records) and ConsumeQueue files made of the fuzz input.
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rmq_source import native
-from rmq_source import record_codec as rc
+from rmq_source.store import native
+from rmq_source.store import record_codec as rc
 from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqSourceError,
                                RmqStoreLayoutError)
 

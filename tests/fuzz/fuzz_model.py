@@ -1,6 +1,6 @@
 """Reference model of the C core's read contract, in plain Python, for the fuzz targets.
 
-The fuzz targets run ``rmq_source.native`` (C) and this model on the same files and require the
+The fuzz targets run ``rmq_source.store.native`` (C) and this model on the same files and require the
 same answer. The model follows the contracts (docs/rocketmq-store-format.md §2.3, §2.4, §3,
 §4.1, §7; DESIGN.md "native.py") and is deliberately slow and literal; where they leave a choice
 open (which check decides when several would fail, that max_rows stops a scan before the next

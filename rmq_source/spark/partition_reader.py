@@ -13,9 +13,9 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from .allocation import MessageQueue
-from .catalog import open_store
-from .errors import RmqDataLossError, RmqStoreLayoutError
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.catalog import open_store
+from rmq_source.errors import RmqDataLossError, RmqStoreLayoutError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(part, RmqInputPartition):
         return
     if part.lock is not None:
-        from .locks import check_task_locks
+        from rmq_source.group.locks import check_task_locks
         check_task_locks(part)
     for r in part.ranges:
         def lost(first: int, until: int, why: str, r: RangeSpec = r) -> None:

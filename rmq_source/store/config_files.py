@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import nofollow
-from .errors import RmqConfigFileError, RmqSourceError, RmqStoreLayoutError
+from rmq_source import nofollow
+from rmq_source.errors import RmqConfigFileError, RmqSourceError, RmqStoreLayoutError
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -249,7 +249,7 @@ def check_group_offset(offset: int, path: str | os.PathLike, key: str, qid: Any)
     :class:`RmqConfigFileError` names the file, the entry and the valid range (instead of a later
     "beyond the queue's max offset" that blames the queue).
     """
-    from .native import MAX_QUEUE_OFFSET
+    from rmq_source.store.native import MAX_QUEUE_OFFSET
     if not 0 <= offset <= MAX_QUEUE_OFFSET:
         raise RmqConfigFileError(
             f"{path}: {key!r} queue {qid} has offset {offset}, which is not a queue offset: "

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-from .allocation import AllocateMessageQueueAveragely, MessageQueue, java_string_key
-from .errors import RmqAllocationError
+from rmq_source.group.allocation import AllocateMessageQueueAveragely, MessageQueue, java_string_key
+from rmq_source.errors import RmqAllocationError
 
 
 @dataclass(frozen=True)

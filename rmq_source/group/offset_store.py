@@ -1,7 +1,7 @@
 """A consumer group's committed offsets, kept the way RocketMQ's RemoteBrokerOffsetStore keeps them.
 
 An offset here is always the **next queue offset to consume** (format doc §10.2), per
-:class:`~rmq_source.allocation.MessageQueue` ``(topic, broker_name, queue_id)``.
+:class:`~rmq_source.group.allocation.MessageQueue` ``(topic, broker_name, queue_id)``.
 
 :class:`GroupOffsetStore` holds an in-memory table (what the query has consumed) and a persistent
 store with one file per broker::
@@ -11,7 +11,7 @@ store with one file per broker::
 in the broker's own ``consumerOffset.json`` shape (fastjson, bare integer queue-id keys, §10.1), so
 RocketMQ tooling can read it and the file can be copied into a broker's ``config/`` by hand. Files
 are replaced atomically (temp file, fsync, rename; the previous version kept as ``.bak``) by
-:func:`~rmq_source.config_files.write_config_atomic`, and loaded with the ``.bak`` fallback. Every
+:func:`~rmq_source.store.config_files.write_config_atomic`, and loaded with the ``.bak`` fallback. Every
 read-modify-write holds an exclusive ``fcntl.flock`` on the sidecar ``consumerOffset.json.lock``, so
 several processes committing different groups, topics or queues never lose each other's updates
 (two commits of the same queue: the last one wins, as on a broker). Reads take no lock: a file is
@@ -45,12 +45,12 @@ import re
 import threading
 from typing import Any, Iterable, Mapping
 
-from .allocation import MessageQueue
-from .config_files import (TOPIC_GROUP_SEPARATOR, check_group_offset, dump_fastjson,
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.config_files import (TOPIC_GROUP_SEPARATOR, check_group_offset, dump_fastjson,
                            load_config_json, read_consumer_offsets, write_config_atomic)
-from . import nofollow
-from .errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError, RmqSourceError
-from .statefile import check_group, file_lock
+from rmq_source import nofollow
+from rmq_source.errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError, RmqSourceError
+from rmq_source.group.statefile import check_group, file_lock
 
 __all__ = ["GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "BROKER_NAME_RE",
            "check_offset_store_path"]

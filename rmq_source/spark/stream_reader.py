@@ -1,6 +1,6 @@
 """The streaming reader (``spark.readStream.format("rmq")``).
 
-Offsets are ``{"topic": {"broker": {"queueId": next_offset}}}`` (see :mod:`rmq_source.offsets`).
+Offsets are ``{"topic": {"broker": {"queueId": next_offset}}}`` (see :mod:`rmq_source.spark.offsets`).
 A micro-batch reads ``[start, end)`` of the queues it plans to read.
 
 Group progress (with ``consumerGroup``) is written only for batches Spark has committed, so a failed
@@ -10,7 +10,7 @@ or retried batch never moves the group. Spark plans a new batch only after the b
 of a ``Trigger.AvailableNow`` run. After a processing-time query stops, the group may trail the
 checkpoint by its last batch; the same query resumes from its checkpoint regardless.
 
-With ``consumerGroup`` the query is a member of its group (:mod:`rmq_source.group_session`): it reads
+With ``consumerGroup`` the query is a member of its group (:mod:`rmq_source.group.session`): it reads
 only the queues allocated to it among the group's live queries, and with ``orderly=true`` only those
 whose lock it holds.
 """
@@ -25,16 +25,16 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
-from .allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
-from .catalog import StoreCatalog
-from .errors import RmqAllocationError, RmqLockError
-from .group_session import GroupSession
-from .offset_store import ReadOffsetType
-from .offsets import from_json_dict, to_json_dict
-from .partition_reader import LockSpec, build_partitions, read_partition
-from .planner import QueueRange, plan_tasks, share_limit, unallocated
-from .positions import check_data_loss, logged_range_start, starting_offsets
-from .query import discover_queues, open_group_store, strategy_of
+from rmq_source.group.allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
+from rmq_source.store.catalog import StoreCatalog
+from rmq_source.errors import RmqAllocationError, RmqLockError
+from rmq_source.group.session import GroupSession
+from rmq_source.group.offset_store import ReadOffsetType
+from rmq_source.spark.offsets import from_json_dict, to_json_dict
+from rmq_source.spark.partition_reader import LockSpec, build_partitions, read_partition
+from rmq_source.spark.planner import QueueRange, plan_tasks, share_limit, unallocated
+from rmq_source.spark.positions import check_data_loss, logged_range_start, starting_offsets
+from rmq_source.spark.query import discover_queues, open_group_store, strategy_of
 
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _skip_lost(self, starts: dict[MessageQueue, int], read) -> dict[MessageQueue, int]:
         """``starts`` with each queue to read moved past offsets the store no longer has (retention,
         a re-created queue), all at once: each lost offset is reported once (or raises with
-        ``failOnDataLoss``), see :func:`rmq_source.positions.check_data_loss`."""
+        ``failOnDataLoss``), see :func:`rmq_source.spark.positions.check_data_loss`."""
         infos = self.catalog.infos(sorted(read))
         out = dict(starts)
         for mq, info in infos.items():

@@ -1,11 +1,11 @@
 """Planning of a batch read (``spark.read.format("rmq")``): one range per queue, start to end."""
 from __future__ import annotations
 
-from .catalog import StoreCatalog
-from .partition_reader import RmqInputPartition, build_partitions
-from .planner import QueueRange, plan_tasks
-from .positions import check_data_loss, ending_offsets, starting_offsets
-from .query import discover_queues, open_group_store, strategy_of
+from rmq_source.store.catalog import StoreCatalog
+from rmq_source.spark.partition_reader import RmqInputPartition, build_partitions
+from rmq_source.spark.planner import QueueRange, plan_tasks
+from rmq_source.spark.positions import check_data_loss, ending_offsets, starting_offsets
+from rmq_source.spark.query import discover_queues, open_group_store, strategy_of
 
 
 def plan_batch(opts) -> list[RmqInputPartition]:

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from .allocation import MessageQueue
-from .errors import RmqOptionError, RmqStoreLayoutError
-from .native import MAX_BATCH_BYTES, MAX_QUEUE_OFFSET
-from .offset_store import BROKER_NAME_RE, check_offset_store_path
-from .statefile import check_group
-from .subscription import Subscription
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
+from rmq_source.store.native import MAX_BATCH_BYTES, MAX_QUEUE_OFFSET
+from rmq_source.group.offset_store import BROKER_NAME_RE, check_offset_store_path
+from rmq_source.group.statefile import check_group
+from rmq_source.subscription import Subscription
 
 __all__ = [
     "SourceOptions", "parse_options", "OPTION_DOCS", "options_markdown",
@@ -116,7 +116,8 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                            "larger than the limit is read alone."),
     "minMessagesPerTrigger": ("none",
                               "Streaming only: wait until this many messages are available, but "
-                              "never longer than maxTriggerDelay (Trigger.AvailableNow never waits)."),
+                              "never longer than maxTriggerDelay (Trigger.AvailableNow never waits); "
+                              "maxMessagesPerTrigger and maxBytesPerTrigger still cap the batch."),
     "maxTriggerDelay": ("15m",
                         "Streaming only, with minMessagesPerTrigger: longest wait, a duration like "
                         "500ms, 30s, 15m, 1h, 1d."),

@@ -46,7 +46,7 @@ T = TypeVar("T")
 _GROUP_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 GROUP_MAX_LENGTH = 200
 # How far ahead of the reader's clock, beyond one lease, another member's clock may plausibly run.
-# Clocks further apart break the lease rules anyway (see rmq_source.locks).
+# Clocks further apart break the lease rules anyway (see rmq_source.group.locks).
 CLOCK_SKEW_ALLOWANCE_MS = 60_000
 
 _thread_locks: dict[str, threading.Lock] = {}

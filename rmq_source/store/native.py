@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
-from .schema import ARROW_SCHEMA
+from rmq_source.errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
+from rmq_source.schema import ARROW_SCHEMA
 
 _BUILD = os.environ.get("RMQ_NATIVE", "")
 
@@ -39,7 +39,7 @@ elif _BUILD == "asan-portable":
     from _rmq_native_asan_portable import ffi, lib  # type: ignore[import-not-found]
 else:
     try:
-        from ._native import ffi, lib  # type: ignore[attr-defined]
+        from rmq_source._native import ffi, lib  # type: ignore[attr-defined]
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError(
             "the C core rmq_source._native is not built; run `pip install -e .` (or "

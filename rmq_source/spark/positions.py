@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from typing import Mapping
 
-from .allocation import MessageQueue
-from .catalog import StoreCatalog
-from .errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
-from .offset_store import ReadOffsetType
-from .store import QueueInfo
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.catalog import StoreCatalog
+from rmq_source.errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
+from rmq_source.group.offset_store import ReadOffsetType
+from rmq_source.store.reader import QueueInfo
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Pieces shared by the batch and streaming readers: the query's queues, strategy and group store."""
 from __future__ import annotations
 
-from .allocation import MessageQueue, create_strategy
-from .catalog import StoreCatalog
+from rmq_source.group.allocation import MessageQueue, create_strategy
+from rmq_source.store.catalog import StoreCatalog
 
 
 def discover_queues(catalog: StoreCatalog, opts) -> list[MessageQueue]:
@@ -35,5 +35,5 @@ def open_group_store(opts, catalog: StoreCatalog):
     """The consumer group's offset store, or None when no ``consumerGroup`` is given."""
     if not opts.consumer_group:
         return None
-    from .offset_store import GroupOffsetStore
+    from rmq_source.group.offset_store import GroupOffsetStore
     return GroupOffsetStore(opts.offset_store_path, opts.consumer_group, broker_stores=catalog.brokers)

@@ -11,7 +11,7 @@ import zlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import RmqCorruptStoreError, RmqMissingDependencyError
+from rmq_source.errors import RmqCorruptStoreError, RmqMissingDependencyError
 
 COMPRESSED_FLAG = 0x1
 COMPRESSION_TYPE_MASK = 0x700

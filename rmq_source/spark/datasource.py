@@ -1,20 +1,20 @@
 """The PySpark data source ``format("rmq")``: wiring only.
 
-Options are parsed once by :mod:`rmq_source.options`; queues come from :mod:`rmq_source.catalog`,
-start/end positions from :mod:`rmq_source.positions`, tasks from :mod:`rmq_source.planner`, rows
-from :mod:`rmq_source.partition_reader`, group progress from :mod:`rmq_source.offset_store`.
+Options are parsed once by :mod:`rmq_source.spark.options`; queues come from :mod:`rmq_source.store.catalog`,
+start/end positions from :mod:`rmq_source.spark.positions`, tasks from :mod:`rmq_source.spark.planner`, rows
+from :mod:`rmq_source.spark.partition_reader`, group progress from :mod:`rmq_source.group.offset_store`.
 """
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
-from .errors import RmqOptionError
-from .options import default_client_id, parse_options
-from .partition_reader import read_partition
-from .schema import COLUMN_NAMES, SPARK_DDL
-from .stream_reader import RmqStreamReader
-from .batch_reader import plan_batch
+from rmq_source.errors import RmqOptionError
+from rmq_source.spark.options import default_client_id, parse_options
+from rmq_source.spark.partition_reader import read_partition
+from rmq_source.schema import COLUMN_NAMES, SPARK_DDL
+from rmq_source.spark.stream_reader import RmqStreamReader
+from rmq_source.spark.batch_reader import plan_batch
 
 
 def _check_schema(schema: StructType) -> None:

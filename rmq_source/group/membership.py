@@ -7,8 +7,8 @@ every 30 s and the broker drops a client silent for 120 s.
 
 File: ``<state_dir>/<group>.members.json`` = ``{"version": 1, "group": g, "clients": {clientId:
 {"lastHeartbeatMs": ms, "host": hostname, "pid": pid, "options": {name: value}}}}``, updated by
-read-modify-write under an exclusive flock and replaced atomically (:mod:`rmq_source.statefile`;
-same multi-process / multi-host caveats as :mod:`rmq_source.locks`). Clients no longer live are dropped from the file on each write.
+read-modify-write under an exclusive flock and replaced atomically (:mod:`rmq_source.group.statefile`;
+same multi-process / multi-host caveats as :mod:`rmq_source.group.locks`). Clients no longer live are dropped from the file on each write.
 
 ``options`` are the member's options that must agree across the group (RocketMQ requires one
 allocation strategy and one subscription per group): a client whose options differ from a live
@@ -16,7 +16,7 @@ member's is refused when it joins, with an error naming the option and both valu
 
 The file and its ``.flock`` are never opened through a symlink (:class:`RmqLockError` naming it). A
 ``lastHeartbeatMs`` that is negative or more than ``heartbeat_timeout_ms`` plus
-:data:`rmq_source.statefile.CLOCK_SKEW_ALLOWANCE_MS` ahead of this client's clock would keep a client
+:data:`rmq_source.group.statefile.CLOCK_SKEW_ALLOWANCE_MS` ahead of this client's clock would keep a client
 "live" forever (and its queues unread): it makes the file invalid, every operation raising
 :class:`RmqLockError` naming the file, the client and the value.
 """
@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
-from rmq_source.statefile import (JsonStateFile, check_group, group_state_path,
+from rmq_source.group.statefile import (JsonStateFile, check_group, group_state_path,
                                  group_table_validator, timestamp_problem)
 
 log = logging.getLogger(__name__)

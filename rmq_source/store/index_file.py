@@ -52,11 +52,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreIOError,
+from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreIOError,
                      RmqStoreLayoutError)
-from .record_codec import MAGIC_V1, MAGIC_V2
-from .schema import ARROW_SCHEMA
-from .subscription import java_string_hash
+from rmq_source.store.record_codec import MAGIC_V1, MAGIC_V2
+from rmq_source.schema import ARROW_SCHEMA
+from rmq_source.subscription import java_string_hash
 
 __all__ = ["DEFAULT_HASH_SLOTS", "DEFAULT_INDEX_NUM", "DEFAULT_MAX_RESULTS", "IndexHeader",
            "IndexFile", "index_key_hash", "index_file_paths", "index_candidates", "find_by_key",
@@ -436,7 +436,7 @@ def _table(batches: list[pa.RecordBatch]) -> pa.Table:
 def find_by_key(store, topic: str, key: str, *, max_results: int | None = DEFAULT_MAX_RESULTS,
                 method: str = "auto", hash_slots: int | None = None, index_num: int | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> KeySearch:
-    """Messages of ``topic`` on ``store`` (a :class:`~rmq_source.store.Store`) whose KEYS contain
+    """Messages of ``topic`` on ``store`` (a :class:`~rmq_source.store.reader.Store`) whose KEYS contain
     ``key`` or whose UNIQ_KEY is ``key``: the newest ``max_results`` (None = all).
 
     ``method``: ``index`` (the store's index files; an error when there are none), ``scan`` (read

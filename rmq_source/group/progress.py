@@ -1,5 +1,5 @@
 """A consumer group's progress: lag per queue (like RocketMQ's ``consumerProgress``) and resets
-(like ``resetOffsetByTime``), on top of :class:`~rmq_source.offset_store.GroupOffsetStore`.
+(like ``resetOffsetByTime``), on top of :class:`~rmq_source.group.offset_store.GroupOffsetStore`.
 
 ``brokerOffset`` is the queue's max offset (next to be written); ``consumerOffset`` is the group's
 next offset to consume (-1 when the group has none); ``diff`` = broker - consumer offset (the whole
@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from .allocation import MessageQueue
-from .catalog import StoreCatalog
-from .errors import RmqOptionError
-from .offset_store import GroupOffsetStore, ReadOffsetType
-from .options import DEFAULT_OFFSET_STORE_DIRNAME
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.catalog import StoreCatalog
+from rmq_source.errors import RmqOptionError
+from rmq_source.group.offset_store import GroupOffsetStore, ReadOffsetType
+from rmq_source.spark.options import DEFAULT_OFFSET_STORE_DIRNAME
 
 
 @dataclass(frozen=True)

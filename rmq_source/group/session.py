@@ -6,7 +6,7 @@ group, like RocketMQ push consumers:
 * each query is a client (``clientId``) that heartbeats into ``<state>/<group>.members.json``; the
   live clients are the ``cidAll`` of the allocation strategy, which gives each query its queues;
 * with ``orderly=true`` a query reads a queue only while it holds the queue's lock
-  (:mod:`rmq_source.locks`; renewed by a background thread), so no two queries read a queue at the
+  (:mod:`rmq_source.group.locks`; renewed by a background thread), so no two queries read a queue at the
   same time; a query that stops cleanly unlocks its queues and leaves, a killed one loses them when
   its lease expires;
 * a queue moves between queries only through the group's committed progress: the old owner commits
@@ -36,14 +36,14 @@ import logging
 import threading
 import time
 
-from .allocation import MessageQueue
-from .errors import RmqLockError
-from .group_membership import GroupMembership
-from .locks import (ClientLockView, LockEntry, LockRenewer, QueueLockManager, parse_queue_key,
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.errors import RmqLockError
+from rmq_source.group.membership import GroupMembership
+from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, QueueLockManager, parse_queue_key,
                     queue_key)
-from .offset_store import GroupOffsetStore, ReadOffsetType
-from . import nofollow
-from .statefile import append_jsonl, file_lock, group_state_path
+from rmq_source.group.offset_store import GroupOffsetStore, ReadOffsetType
+from rmq_source import nofollow
+from rmq_source.group.statefile import append_jsonl, file_lock, group_state_path
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ broker's ``storePathRootDir``). Offsets are ConsumeQueue (logical) offsets:
 * ``max_offset`` is the next offset to be written (one past the last valid unit).
 * Every range is half-open: ``[start, end)``.
 
-The store may be appended to while it is read (by a broker or by :class:`rmq_source.writer.StoreWriter`);
+The store may be appended to while it is read (by a broker or by :class:`rmq_source.store.writer.StoreWriter`);
 every call re-lists the folders so new files, new queues and deleted files are seen.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from . import native
-from .bodies import decompress_bodies
-from .errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
+from rmq_source.store import native
+from rmq_source.store.bodies import decompress_bodies
+from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
                      RmqUnknownTopicError)
-from .schema import ARROW_SCHEMA
-from .subscription import Subscription
+from rmq_source.schema import ARROW_SCHEMA
+from rmq_source.subscription import Subscription
 
 CQ_UNIT_SIZE = 20
 _FILE_NAME = re.compile(r"^\d{20}$")
@@ -231,7 +231,7 @@ class Store:
 
     # -- topics and queues --------------------------------------------------------------------
     def _configured_topics(self) -> dict[str, dict]:
-        from .config_files import read_topics
+        from rmq_source.store.config_files import read_topics
         return read_topics(self.root) or {}
 
     def topics(self) -> list[str]:
@@ -509,7 +509,7 @@ class Store:
 
     def consumer_offsets(self) -> dict[tuple[str, str], dict[int, int]]:
         """The broker's own ``config/consumerOffset.json``: {(topic, group): {queueId: offset}}."""
-        from .config_files import read_consumer_offsets
+        from rmq_source.store.config_files import read_consumer_offsets
         return read_consumer_offsets(self.root)
 
     # -- lifetime -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from .errors import RmqAllocationError, RmqOptionError
+from rmq_source.errors import RmqAllocationError, RmqOptionError
 
 __all__ = [
     "MessageQueue",

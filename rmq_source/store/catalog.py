@@ -9,9 +9,9 @@ import re
 import threading
 from typing import Iterable, Mapping
 
-from .allocation import MessageQueue
-from .errors import RmqUnknownTopicError
-from .store import QueueInfo, Store
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.errors import RmqUnknownTopicError
+from rmq_source.store.reader import QueueInfo, Store
 
 _CACHE: dict[tuple[str, str], Store] = {}
 _CACHE_LOCK = threading.Lock()

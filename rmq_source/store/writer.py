@@ -7,7 +7,7 @@ and ``checkpoint``. Readers may read the store while it is written: a record is 
 CommitLog (its MAGIC written last) before its ConsumeQueue unit appears (its size written last).
 
 Reopening a store resumes it as a broker restart would: the CommitLog end and every queue's max
-offset are recovered with the broker's rules (format doc §2.3, §2.4) through :mod:`rmq_source.native`;
+offset are recovered with the broker's rules (format doc §2.3, §2.4) through :mod:`rmq_source.store.native`;
 garbage after the valid end is zeroed, records missing from their ConsumeQueue are dispatched again.
 
 One writer per store: the writer holds the broker's lock on ``<root>/lock`` (a running broker holds
@@ -30,11 +30,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from . import record_codec as rc
-from .config_files import dump_fastjson, load_config_json, write_config_atomic
-from .errors import (RmqCorruptStoreError, RmqMissingDependencyError, RmqOptionError,
+from rmq_source.store import record_codec as rc
+from rmq_source.store.config_files import dump_fastjson, load_config_json, write_config_atomic
+from rmq_source.errors import (RmqCorruptStoreError, RmqMissingDependencyError, RmqOptionError,
                      RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError)
-from .subscription import tags_code
+from rmq_source.subscription import tags_code
 
 DEFAULT_COMMITLOG_FILE_SIZE = 1 << 30
 DEFAULT_CQ_UNITS_PER_FILE = 300_000
@@ -523,7 +523,7 @@ class StoreWriter:
                 self._queue(topic, qid, 0)
             return
         try:
-            from . import native
+            from rmq_source.store import native
         except ImportError as exc:
             raise RmqMissingDependencyError(
                 "reopening a store that holds data needs the compiled C core rmq_source._native "

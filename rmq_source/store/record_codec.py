@@ -2,7 +2,7 @@
 
 Byte layouts follow the format doc (§3.2 record, §3.4 BLANK, §4.1 properties, §5 ids, §7.1 CQ unit).
 Everything is big-endian. This module only builds and takes apart bytes; file handling lives in
-:mod:`rmq_source.writer`.
+:mod:`rmq_source.store.writer`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Mapping
 
-from .errors import RmqCorruptStoreError, RmqMissingDependencyError, RmqOptionError
+from rmq_source.errors import RmqCorruptStoreError, RmqMissingDependencyError, RmqOptionError
 
 MAGIC_V1 = 0xDAA320A7 - (1 << 32)          # -626843481
 MAGIC_V2 = 0xDAA320AB - (1 << 32)          # -626843477

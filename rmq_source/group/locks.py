@@ -8,7 +8,7 @@ Files in ``state_dir`` (beside the group's offset store), per consumer group ``<
 
 * ``<g>.locks.json`` — ``{"version": 1, "group": g, "locks": {"<topic>|<broker>|<queueId>":
   {"clientId": c, "lastUpdateTimestamp": ms, "leaseMs": ms}}}``, updated by read-modify-write under an
-  exclusive flock on ``<g>.locks.json.flock`` and replaced atomically (see :mod:`rmq_source.statefile`).
+  exclusive flock on ``<g>.locks.json.flock`` and replaced atomically (see :mod:`rmq_source.group.statefile`).
 * ``<g>.lock-history.jsonl`` — append-only log, one JSON object per change, written under the same
   lock in the order the changes happened: ``{"t", "client", "queue", "action", "prev", "prevUpdateMs",
   "leaseMs"}`` with action ``lock`` (free queue taken), ``renew`` (caller already owned it),
@@ -19,7 +19,7 @@ Files in ``state_dir`` (beside the group's offset store), per consumer group ``<
 None of these files (nor their ``.flock``, temporary files or ``.1``) is ever opened through a
 symlink: the folder may be shared, and a planted link is refused with :class:`RmqLockError` naming
 it. An entry whose ``lastUpdateTimestamp`` is negative or more than this manager's lease plus
-:data:`rmq_source.statefile.CLOCK_SKEW_ALLOWANCE_MS` ahead of its clock (it would never expire), or
+:data:`rmq_source.group.statefile.CLOCK_SKEW_ALLOWANCE_MS` ahead of its clock (it would never expire), or
 whose ``leaseMs`` is not positive, makes the file invalid: every operation raises
 :class:`RmqLockError` naming the file, the entry and the value.
 
@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source import nofollow
-from rmq_source.statefile import (JsonStateFile, append_jsonl, check_group, group_state_path,
+from rmq_source.group.statefile import (JsonStateFile, append_jsonl, check_group, group_state_path,
                                  group_table_validator, timestamp_problem)
 
 log = logging.getLogger(__name__)

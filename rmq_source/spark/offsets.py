@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .allocation import MessageQueue
-from .errors import RmqOptionError
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.errors import RmqOptionError
 
 QueueOffsets = dict[MessageQueue, int]
 
