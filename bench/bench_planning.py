@@ -55,7 +55,7 @@ def _timed(fn, repeat: int) -> tuple[float, float, float, object]:
 
 def measure(root, queues: int, repeat: int) -> dict:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
-    from rmq_source.store.catalog import _CACHE
+    from rmq_source.store.backend import _CACHE
     from rmq_source.spark.datasource import RmqBatchReader
     from rmq_source.spark.options import parse_options
     from rmq_source.store.reader import Store

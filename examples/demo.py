@@ -19,6 +19,7 @@ from pathlib import Path
 from _common import generate, local_spark, table
 
 from rmq_source.group.progress import group_lag, reset_group
+from rmq_source.store.backend import StoreBackend
 from rmq_source.store.reader import Store
 
 TOPIC, GROUP = "Orders", "lake-loader"
@@ -29,7 +30,7 @@ def lag_rows(store: Path) -> list[dict]:
              "consumerOffset": r.consumer_offset, "lag": r.diff,
              "lastConsumedAt": (time.strftime("%H:%M:%S", time.gmtime(r.last_timestamp / 1000))
                                 if r.last_timestamp else None)}
-            for r in group_lag({"broker-a": str(store)}, GROUP, [TOPIC])]
+            for r in group_lag(StoreBackend({"broker-a": str(store)}), GROUP, [TOPIC])]
 
 
 def stream_once(spark, store: Path, sink: Path, checkpoint: Path) -> list[dict]:
@@ -82,7 +83,7 @@ def main() -> None:
     rows = [r.asDict() for r in window.groupBy("tags").count().orderBy("tags").collect()]
     table(rows, f"4) backfill of [{start_ms}, {end_ms}) ms by storeTimestamp: messages per tag")
 
-    reset = reset_group({"broker-a": str(store)}, GROUP, TOPIC, timestamp_ms=end_ms)
+    reset = reset_group(StoreBackend({"broker-a": str(store)}), GROUP, TOPIC, timestamp_ms=end_ms)
     table([{"queue": str(mq), "newOffset": o} for mq, o in reset.items()],
           f"5) reset group {GROUP} to timestamp {end_ms}")
     table(lag_rows(store), "   lag after the reset")

@@ -15,11 +15,12 @@ from pathlib import Path
 from _common import generate, local_spark, table
 
 from rmq_source.group.progress import group_lag, reset_group
+from rmq_source.store.backend import StoreBackend
 
 
 def lag(store: Path, group: str, topic: str) -> list[dict]:
     return [{"queue": r.queue_id, "brokerOffset": r.broker_offset, "consumerOffset": r.consumer_offset,
-             "lag": r.diff} for r in group_lag({"broker-a": str(store)}, group, [topic])]
+             "lag": r.diff} for r in group_lag(StoreBackend({"broker-a": str(store)}), group, [topic])]
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     if not args.store and not store.exists():
         generate(store, topic=args.topic, queues=2, messages=1_000, extra=["--no-progress"])
 
-    new = reset_group({"broker-a": str(store)}, args.group, args.topic, to="earliest")
+    new = reset_group(StoreBackend({"broker-a": str(store)}), args.group, args.topic, to="earliest")
     table(lag(store, args.group, args.topic), f"group {args.group} reset to earliest")
 
     spark = local_spark("reset offsets")

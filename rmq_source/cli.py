@@ -249,10 +249,11 @@ def _generate(args) -> int:
 # --------------------------------------------------------------------------------------- topics
 
 def _topics(args) -> int:
-    from rmq_source.store.reader import Store
+    from rmq_source.store.backend import StoreBackend
 
-    with Store(args.store, broker_name=args.broker_name) as store:
-        queues = store.queues()
+    backend = StoreBackend({args.broker_name: os.path.abspath(args.store)})
+    mqs = backend.queues_for_topics(sorted(backend.topics()))
+    queues = list(backend.infos(mqs).values())
     if args.json:
         for q in queues:
             print(json.dumps({"topic": q.topic, "queueId": q.queue_id, "minOffset": q.min_offset,
@@ -337,8 +338,7 @@ def _print(args) -> int:
 
 def _offset_store_path(args, brokers: dict) -> str:
     """``--offset-store`` (default: the queries' default), refused inside a broker's config/."""
-    from rmq_source.group.offset_store import check_offset_store_path
-    from rmq_source.group.progress import default_offset_store_path
+    from rmq_source.group.offset_store import check_offset_store_path, default_offset_store_path
 
     path = os.path.abspath(args.offset_store or default_offset_store_path(brokers))
     try:
@@ -350,22 +350,14 @@ def _offset_store_path(args, brokers: dict) -> str:
     return path
 
 
-def _group_topics(root: str, broker: str, group: str, path: str) -> set[str]:
-    """Topics ``group`` has offsets for, in our offset store or the broker's consumerOffset.json."""
-    from rmq_source.store.config_files import load_config_json, read_consumer_offsets
-    from rmq_source.errors import RmqOffsetStoreError
-    from rmq_source.group.offset_store import GroupOffsetStore
+def _group_backend(args):
+    """(backend, store root, group state folder) of the group commands on ``--store``."""
+    from rmq_source.store.backend import StoreBackend
 
-    own = GroupOffsetStore(path, group, broker_stores={broker: root}).file_path(broker)
-    data = load_config_json(own, root=path, error_cls=RmqOffsetStoreError)
-    table = data.get("offsetTable") if isinstance(data, dict) else None
-    topics = set()
-    for key in (table or {}):
-        topic, _, owner = str(key).partition("@")
-        if owner == group and topic:
-            topics.add(topic)
-    topics.update(t for t, g in read_consumer_offsets(root) if g == group)
-    return topics
+    root = os.path.abspath(args.store)
+    brokers = {args.broker_name: root}
+    path = _offset_store_path(args, brokers)
+    return StoreBackend(brokers, path), root, path
 
 
 def _ms_text(ms: int | None) -> str:
@@ -384,24 +376,19 @@ def _table_lines(header: Sequence[str], rows: list[Sequence], left: int = 1) -> 
 
 def _lag(args) -> int:
     from rmq_source.group.progress import group_lag
-    from rmq_source.store.reader import Store
 
-    root = os.path.abspath(args.store)
-    brokers = {args.broker_name: root}
-    path = _offset_store_path(args, brokers)
-    with Store(root, broker_name=args.broker_name) as store:
-        existing = set(store.topics())
-        if args.topic is not None:
-            store.queue_ids(args.topic)               # unknown topic: exit 3, naming it
+    backend, root, path = _group_backend(args)
+    existing = set(backend.topics())
     if args.topic is not None:
+        backend.queue_ids(args.topic, args.broker_name)   # unknown topic: exit 3, naming it
         topics = [args.topic]
     else:
-        found = _group_topics(root, args.broker_name, args.group, path)
+        found = backend.group_topics(args.group)
         for topic in sorted(found - existing):
             print(f"{PROG}: note: group {args.group!r} has offsets for topic {topic!r}, which is "
                   f"not in {root}; skipped", file=sys.stderr)
         topics = sorted(found & existing)
-    lags = group_lag(brokers, args.group, topics, path) if topics else []
+    lags = group_lag(backend, args.group, topics) if topics else []
     if args.json:
         for q in lags:
             print(json.dumps({"topic": q.topic, "brokerName": q.broker_name, "queueId": q.queue_id,
@@ -466,24 +453,6 @@ def _parse_offsets(text: str, topic: str, broker: str) -> dict:
     return out
 
 
-def _group_users(path: str, group: str) -> tuple[list[str], dict[str, str]]:
-    """(live clients, {queue: owner} of unexpired locks) of ``group`` in the state folder ``path``."""
-    from rmq_source.group.membership import GroupMembership
-    from rmq_source.group.locks import QueueLockManager, parse_queue_key
-
-    if not os.path.isdir(path):
-        return [], {}
-    locks = QueueLockManager(path, group, history=False)
-    now = locks.now_ms()
-    held = {}
-    for key, entry in sorted(locks.entries().items()):
-        if not entry.is_expired(now):
-            topic, broker, qid = parse_queue_key(key)
-            held[f"{topic}/{broker}/{qid}"] = entry.client_id
-    live = GroupMembership(path, group, f"{PROG}-{os.getpid()}").live_clients()
-    return live, held
-
-
 def _in_use_text(group: str, live: list[str], held: dict[str, str]) -> str:
     clients = sorted(set(live) | set(held.values()))
     queues = [f"{q} ({owner})" for q, owner in held.items()]
@@ -493,22 +462,17 @@ def _in_use_text(group: str, live: list[str], held: dict[str, str]) -> str:
 
 
 def _reset(args) -> int:
-    from rmq_source.store.catalog import StoreCatalog
-    from rmq_source.group.offset_store import OFFSET_FILE_NAME, ReadOffsetType
-    from rmq_source.group.progress import open_group, reset_group
-    from rmq_source.store.reader import Store
+    from rmq_source.group.offset_store import ReadOffsetType
+    from rmq_source.group.progress import reset_group
 
-    root = os.path.abspath(args.store)
-    brokers = {args.broker_name: root}
     offsets = None
     if args.offsets is not None:
         offsets = _parse_offsets(args.offsets, args.topic, args.broker_name)
-    path = _offset_store_path(args, brokers)
-    with Store(root, broker_name=args.broker_name) as store:
-        store.queue_ids(args.topic)                   # unknown topic: exit 3, naming it
-    mqs = StoreCatalog(brokers).queues_for_topics([args.topic])
+    backend, root, path = _group_backend(args)
+    backend.queue_ids(args.topic, args.broker_name)   # unknown topic: exit 3, naming it
+    mqs = backend.queues_for_topics([args.topic])
     try:
-        live, held = _group_users(path, args.group)
+        live, held = backend.group_users(args.group)
     except RmqLockError as exc:   # a corrupt lock or membership file: cannot tell who uses the group
         if not args.force:
             raise
@@ -524,9 +488,10 @@ def _reset(args) -> int:
         print(f"{PROG}: warning: {text}; resetting anyway (--force): a running query keeps its "
               f"own position and overwrites this reset when it next records progress",
               file=sys.stderr)
-    before = open_group(brokers, args.group, path).read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
-    written = reset_group(brokers, args.group, args.topic, timestamp_ms=args.timestamp, to=args.to,
-                          offsets=offsets, offset_store_path=path)
+    group_store = backend.offset_store(args.group)
+    before = group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
+    written = reset_group(backend, args.group, args.topic, timestamp_ms=args.timestamp, to=args.to,
+                          offsets=offsets)
     if args.json:
         for mq, value in sorted(written.items()):
             print(json.dumps({"topic": mq.topic, "brokerName": mq.broker_name,
@@ -538,7 +503,7 @@ def _reset(args) -> int:
             for mq, value in sorted(written.items())]
     print("\n".join(_table_lines(("TOPIC", "BROKER", "QUEUE", "PREVIOUS", "NEW"), rows, left=2)))
     print(f"reset consumer group {args.group!r} on topic {args.topic!r}: {len(written)} queues "
-          f"written to {os.path.join(path, args.broker_name, OFFSET_FILE_NAME)}")
+          f"written to {group_store.file_path(args.broker_name)}")
     return EXIT_OK
 
 

@@ -12,7 +12,8 @@ import time
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from rmq_source.group.locks import check_task_locks, find_lock_overlaps, read_history
+from rmq_source.group.locks import find_lock_overlaps, read_history
+from rmq_source.spark.partition_reader import check_task_locks
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.spark.offsets import from_json_dict
 from rmq_source.spark.options import parse_options

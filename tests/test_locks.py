@@ -315,21 +315,23 @@ def test_assert_held_batch_names_the_first_queue_not_held(mgr, clock):
 ])
 def test_check_task_locks_guards_a_spark_partition(tmp_path, holder, age_ms, match):
     pr = require("rmq_source.spark.partition_reader", "needs pyspark")
-    from rmq_source.group.locks import check_task_locks
+    from rmq_source.spark.partition_reader import check_task_locks
+    from rmq_source.store.backend import StoreBackendSpec
+    backend = StoreBackendSpec((("broker-a", "/nowhere"),), str(tmp_path))
     clock = FakeClock(int(time.time() * 1000) - age_ms)  # the task itself uses the real clock
     mgr = QueueLockManager(tmp_path, GROUP, lease_ms=LEASE, clock=clock)
     if holder:
         mgr.try_lock_batch([q(0), q(1)], holder)
     part = pr.RmqInputPartition(
-        slot="s0", ranges=tuple(pr.RangeSpec("TopicOrder", "broker-a", i, 0, 10, "/nowhere") for i in (0, 1)),
+        backend=backend, slot="s0", ranges=tuple(pr.RangeSpec("TopicOrder", "broker-a", i, 0, 10) for i in (0, 1)),
         sub_expression="*", batch_rows=10, batch_bytes=1 << 20, verify_crc=False, fail_on_data_loss=True,
-        lock=pr.LockSpec(str(tmp_path), GROUP, "task-client", 800))
+        lock=pr.TaskLock(GROUP, "task-client", 800))
     if match is None:
         check_task_locks(part)
     else:
         with pytest.raises(RmqLockError, match=match):
             check_task_locks(part)
-    check_task_locks(pr.RmqInputPartition("s0", (), "*", 10, 1 << 20, False, True, lock=None))
+    check_task_locks(pr.RmqInputPartition(backend, "s0", (), "*", 10, 1 << 20, False, True, lock=None))
 
 
 def test_client_view_trusts_a_lock_for_the_client_lease_from_the_request_time(tmp_path):

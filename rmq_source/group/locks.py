@@ -355,19 +355,6 @@ class QueueLockManager:
         return e
 
 
-def check_task_locks(part: Any) -> None:
-    """Guard of an ordered-mode Spark task (``partition_reader.RmqInputPartition``): raise
-    RmqLockError unless ``part.lock.client_id`` holds every queue of ``part.ranges`` in group
-    ``part.lock.group`` (files in ``part.lock.state_dir``), renewed within
-    ``part.lock.client_lease_ms``. Does nothing when ``part.lock`` is None. Reads only."""
-    spec = part.lock
-    if spec is None:
-        return
-    mgr = QueueLockManager(spec.state_dir, spec.group, history=False)
-    mgr.assert_held_batch([(r.topic, r.broker_name, r.queue_id) for r in part.ranges], spec.client_id,
-                          spec.client_lease_ms)
-
-
 # ---------------------------------------------------------------------------------------------
 # History check
 

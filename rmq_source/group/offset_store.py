@@ -53,7 +53,9 @@ from rmq_source.errors import RmqConfigFileError, RmqOffsetStoreError, RmqOption
 from rmq_source.group.statefile import check_group, file_lock
 
 __all__ = ["GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "BROKER_NAME_RE",
-           "check_offset_store_path"]
+           "check_offset_store_path", "DEFAULT_OFFSET_STORE_DIRNAME", "default_offset_store_path"]
+
+DEFAULT_OFFSET_STORE_DIRNAME = "rmq_source_offsets"
 
 OFFSET_FILE_NAME = "consumerOffset.json"
 LOCK_SUFFIX = ".lock"
@@ -74,6 +76,11 @@ class ReadOffsetType(enum.Enum):
 
 def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def default_offset_store_path(broker_stores: Mapping[str, str]) -> str:
+    """Where group state lives when ``offsetStorePath`` is not given: beside the first store."""
+    return os.path.join(next(iter(broker_stores.values())), DEFAULT_OFFSET_STORE_DIRNAME)
 
 
 def check_offset_store_path(path: str, broker_stores: Mapping[str, str],

@@ -101,13 +101,14 @@ def _plans_to_keep(lines: list[str]) -> set[int]:
 class GroupSession:
     """Membership, allocation, locks and batch plans of one query in its group."""
 
-    def __init__(self, opts, strategy, group_store: GroupOffsetStore):
+    def __init__(self, opts, strategy, group_store: GroupOffsetStore, *, state_dir: str | None = None):
+        """``state_dir`` holds the group's state files (default: ``opts.offset_store_path``)."""
         self.opts = opts
         self.group = opts.consumer_group
         self.client_id = opts.client_id
         self.strategy = strategy
         self.group_store = group_store
-        self.state_dir = opts.offset_store_path
+        self.state_dir = state_dir or opts.offset_store_path
         self.orderly = opts.orderly
         self.membership = GroupMembership(self.state_dir, self.group, self.client_id,
                                           heartbeat_timeout_ms=opts.lock_lease_ms,

@@ -1,11 +1,10 @@
 """Planning of a batch read (``spark.read.format("rmq")``): one range per queue, start to end."""
 from __future__ import annotations
 
-from rmq_source.store.catalog import StoreCatalog
 from rmq_source.spark.partition_reader import RmqInputPartition, build_partitions
 from rmq_source.spark.planner import QueueRange, plan_tasks
 from rmq_source.spark.positions import check_data_loss, ending_offsets, starting_offsets
-from rmq_source.spark.query import discover_queues, open_group_store, strategy_of
+from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
 
 
 def plan_batch(opts) -> list[RmqInputPartition]:
@@ -14,15 +13,15 @@ def plan_batch(opts) -> list[RmqInputPartition]:
     The starting position must not lie below a queue's min offset (``failOnDataLoss``); an end
     below the start reads nothing from that queue.
     """
-    catalog = StoreCatalog(opts.brokers)
-    mqs = discover_queues(catalog, opts)
-    starts = starting_offsets(catalog, mqs, opts, open_group_store(opts, catalog))
-    ends = ending_offsets(catalog, mqs, opts)
-    infos = catalog.infos(mqs)
+    backend = open_backend(opts)
+    mqs = discover_queues(backend, opts)
+    starts = starting_offsets(backend, mqs, opts, open_group_store(opts, backend))
+    ends = ending_offsets(backend, mqs, opts)
+    infos = backend.infos(mqs)
     ranges = []
     for mq in mqs:
         start = check_data_loss(mq, starts[mq], infos[mq], opts.fail_on_data_loss)
         ranges.append(QueueRange(mq, start, max(start, min(ends[mq], infos[mq].max_offset))))
     tasks = plan_tasks(ranges, strategy_of(opts), opts.consumer_group or "", opts.num_partitions,
                        opts.orderly, opts.min_partitions, opts.client_id)
-    return build_partitions(tasks, opts, catalog)
+    return build_partitions(tasks, opts, backend)

@@ -1,8 +1,9 @@
 """The PySpark data source ``format("rmq")``: wiring only.
 
-Options are parsed once by :mod:`rmq_source.spark.options`; queues come from :mod:`rmq_source.store.catalog`,
-start/end positions from :mod:`rmq_source.spark.positions`, tasks from :mod:`rmq_source.spark.planner`, rows
-from :mod:`rmq_source.spark.partition_reader`, group progress from :mod:`rmq_source.group.offset_store`.
+Options are parsed once by :mod:`rmq_source.spark.options`; queues, offsets, messages and group
+state come from a :class:`rmq_source.backend.Backend` (:func:`rmq_source.spark.query.open_backend`);
+start/end positions from :mod:`rmq_source.spark.positions`, tasks from :mod:`rmq_source.spark.planner`,
+rows from :mod:`rmq_source.spark.partition_reader`.
 """
 from __future__ import annotations
 

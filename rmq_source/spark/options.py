@@ -42,7 +42,8 @@ from typing import Any, Mapping
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.store.native import MAX_BATCH_BYTES, MAX_QUEUE_OFFSET
-from rmq_source.group.offset_store import BROKER_NAME_RE, check_offset_store_path
+from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_DIRNAME,
+                                           check_offset_store_path, default_offset_store_path)
 from rmq_source.group.statefile import check_group
 from rmq_source.subscription import Subscription
 
@@ -61,7 +62,6 @@ ALLOCATE_STRATEGIES = ("AVG", "AVG_BY_CIRCLE", "CONFIG", "MACHINE_ROOM", "MACHIN
 NEARBY_INNER_STRATEGIES = ("AVG", "AVG_BY_CIRCLE", "CONSISTENT_HASH")
 CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
                       "CONSUME_FROM_TIMESTAMP")
-DEFAULT_OFFSET_STORE_DIRNAME = "rmq_source_offsets"
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_CONSUME_TIMESTAMP_AGO_MS = 30 * 60 * 1000
 
@@ -728,7 +728,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             raise _fail("offsetStorePath", opts["offsetStorePath"], "expected a directory path")
         offset_store_path = os.path.abspath(opts["offsetStorePath"])
     elif group is not None:
-        offset_store_path = os.path.join(next(iter(brokers.values())), DEFAULT_OFFSET_STORE_DIRNAME)
+        offset_store_path = default_offset_store_path(brokers)
     if offset_store_path is not None:
         check_offset_store_path(offset_store_path, brokers, brokers)
 

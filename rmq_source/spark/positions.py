@@ -7,7 +7,7 @@ streaming query resumes from its checkpoint.
 * ``earliest`` = the queue's min offset; ``latest`` = its max offset (next to be written);
   in offsets JSON -2 means earliest and -1 latest.
 * A timestamp resolves per queue to the first message stored at or after it
-  (:meth:`Store.offset_for_timestamp`), so an ending timestamp is exclusive.
+  (:meth:`rmq_source.backend.Backend.offset_for_timestamp`), so an ending timestamp is exclusive.
 * ``group`` reads the consumer group's progress (our offset store, else the broker's own
   ``consumerOffset.json``); queues without progress follow ``consumeFromWhere`` like RocketMQ:
   ``CONSUME_FROM_LAST_OFFSET`` -> max offset, ``CONSUME_FROM_FIRST_OFFSET`` -> min offset,
@@ -19,10 +19,9 @@ import logging
 from typing import Mapping
 
 from rmq_source.group.allocation import MessageQueue
-from rmq_source.store.catalog import StoreCatalog
+from rmq_source.backend import Backend, QueueInfo
 from rmq_source.errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
 from rmq_source.group.offset_store import ReadOffsetType
-from rmq_source.store.reader import QueueInfo
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +59,16 @@ def _check_listed_queues_exist(spec: Mapping[MessageQueue, int], mqs: list[Messa
                 f"{ids if ids else 'none'}")
 
 
-def _resolve(catalog: StoreCatalog, mqs: list[MessageQueue], timestamp: int | None, spec,
+def _resolve(backend: Backend, mqs: list[MessageQueue], timestamp: int | None, spec,
              option: str, named) -> dict[MessageQueue, int]:
     """Per queue: ``timestamp`` if given, else the JSON offsets ``spec``, else ``named(mq, info)``."""
     if timestamp is None and isinstance(spec, Mapping):
         _check_listed_queues_exist(spec, mqs, option)
-    infos = catalog.infos(mqs)
+    infos = backend.infos(mqs)
     out: dict[MessageQueue, int] = {}
     for mq in mqs:
         if timestamp is not None:
-            out[mq] = catalog.offset_for_timestamp(mq, timestamp)
+            out[mq] = backend.offset_for_timestamp(mq, timestamp)
         elif isinstance(spec, Mapping):
             out[mq] = _explicit(mq, _json_offset(spec, mq, option), infos[mq])
         else:
@@ -77,7 +76,7 @@ def _resolve(catalog: StoreCatalog, mqs: list[MessageQueue], timestamp: int | No
     return out
 
 
-def starting_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts, group_store=None
+def starting_offsets(backend: Backend, mqs: list[MessageQueue], opts, group_store=None
                      ) -> dict[MessageQueue, int]:
     """The first offset to read in each queue for a new query (see module docstring)."""
     spec = opts.starting_offsets
@@ -88,13 +87,13 @@ def starting_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts, group
         if spec == "latest":
             return info.max_offset
         if spec == "group":
-            return group_start(catalog, mq, info, opts, group_store)
+            return group_start(backend, mq, info, opts, group_store)
         raise RmqOptionError(f"option startingOffsets: unsupported value {spec!r}")
 
-    return _resolve(catalog, mqs, opts.starting_timestamp, spec, "startingOffsets", named)
+    return _resolve(backend, mqs, opts.starting_timestamp, spec, "startingOffsets", named)
 
 
-def group_start(catalog: StoreCatalog, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
+def group_start(backend: Backend, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
     """The group's committed offset for ``mq``, else the ``consumeFromWhere`` position."""
     # Like RocketMQ's computePullFromWhere: the stored progress, not a cached one.
     committed = (group_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
@@ -105,13 +104,13 @@ def group_start(catalog: StoreCatalog, mq: MessageQueue, info: QueueInfo, opts, 
     if where == "CONSUME_FROM_FIRST_OFFSET":
         return info.min_offset
     if where == "CONSUME_FROM_TIMESTAMP":
-        return catalog.offset_for_timestamp(mq, opts.consume_timestamp)
+        return backend.offset_for_timestamp(mq, opts.consume_timestamp)
     return info.max_offset
 
 
-def ending_offsets(catalog: StoreCatalog, mqs: list[MessageQueue], opts) -> dict[MessageQueue, int]:
+def ending_offsets(backend: Backend, mqs: list[MessageQueue], opts) -> dict[MessageQueue, int]:
     """The exclusive end of a batch read in each queue (``latest`` = the max offset)."""
-    return _resolve(catalog, mqs, opts.ending_timestamp, opts.ending_offsets, "endingOffsets",
+    return _resolve(backend, mqs, opts.ending_timestamp, opts.ending_offsets, "endingOffsets",
                     lambda mq, info: info.max_offset)
 
 

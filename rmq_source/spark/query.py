@@ -1,17 +1,25 @@
-"""Pieces shared by the batch and streaming readers: the query's queues, strategy and group store."""
+"""Pieces shared by the batch and streaming readers: the query's backend, queues, strategy and
+group store."""
 from __future__ import annotations
 
+from rmq_source.backend import Backend
 from rmq_source.group.allocation import MessageQueue, create_strategy
-from rmq_source.store.catalog import StoreCatalog
 
 
-def discover_queues(catalog: StoreCatalog, opts) -> list[MessageQueue]:
+def open_backend(opts) -> Backend:
+    """The backend the options name: the store folders of ``storePath``/``brokers``. This is the
+    only place on the Spark side that knows which kinds of backend exist."""
+    from rmq_source.store.backend import StoreBackend
+    return StoreBackend(opts.brokers, opts.offset_store_path)
+
+
+def discover_queues(backend: Backend, opts) -> list[MessageQueue]:
     """The queues the query reads now, from exactly one of topic / topicPattern / assign."""
     if opts.assign is not None:
-        return catalog.queues_for_assign(opts.assign)
+        return backend.queues_for_assign(opts.assign)
     if opts.topic_pattern is not None:
-        return catalog.queues_for_pattern(opts.topic_pattern)
-    return catalog.queues_for_topics(opts.topics)
+        return backend.queues_for_pattern(opts.topic_pattern)
+    return backend.queues_for_topics(opts.topics)
 
 
 def strategy_of(opts):
@@ -31,9 +39,8 @@ def strategy_of(opts):
     return create_strategy(opts.allocate_strategy, **params)
 
 
-def open_group_store(opts, catalog: StoreCatalog):
+def open_group_store(opts, backend: Backend):
     """The consumer group's offset store, or None when no ``consumerGroup`` is given."""
     if not opts.consumer_group:
         return None
-    from rmq_source.group.offset_store import GroupOffsetStore
-    return GroupOffsetStore(opts.offset_store_path, opts.consumer_group, broker_stores=catalog.brokers)
+    return backend.offset_store(opts.consumer_group)

@@ -26,15 +26,14 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
 from rmq_source.group.allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
-from rmq_source.store.catalog import StoreCatalog
 from rmq_source.errors import RmqAllocationError, RmqLockError
-from rmq_source.group.session import GroupSession
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.spark.offsets import from_json_dict, to_json_dict
-from rmq_source.spark.partition_reader import LockSpec, build_partitions, read_partition
+from rmq_source.backend import TaskLock
+from rmq_source.spark.partition_reader import build_partitions, read_partition
 from rmq_source.spark.planner import QueueRange, plan_tasks, share_limit, unallocated
 from rmq_source.spark.positions import check_data_loss, logged_range_start, starting_offsets
-from rmq_source.spark.query import discover_queues, open_group_store, strategy_of
+from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
 
 
 log = logging.getLogger(__name__)
@@ -53,10 +52,10 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, opts):
         self.opts = opts
-        self.catalog = StoreCatalog(opts.brokers)
+        self.backend = open_backend(opts)
         self.strategy = strategy_of(opts)
         self._batch_strategy = self.strategy   # the strategy as asked for the batch being planned
-        self.group_store = open_group_store(opts, self.catalog)
+        self.group_store = open_group_store(opts, self.backend)
         self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow end
         self._last_batch_at = time.monotonic()
         self._committed: dict[MessageQueue, int] | None = None
@@ -67,17 +66,17 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
 
     @property
-    def session(self) -> GroupSession | None:
+    def session(self) -> "GroupSession | None":
         """The query's membership in its group, joined on first use (not in every process that
         merely instantiates the reader)."""
         if self._session is None and self.group_store is not None:
-            self._session = GroupSession(self.opts, self.strategy, self.group_store)
+            self._session = self.backend.group_session(self.opts, self.strategy, self.group_store)
             self._session.start()
         return self._session
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
-        return sorted(set(discover_queues(self.catalog, self.opts)) | set(known))
+        return sorted(set(discover_queues(self.backend, self.opts)) | set(known))
 
     def initialOffset(self) -> dict:
         """Where a new query starts. Computed once per reader: Spark asks again when it runs the
@@ -87,15 +86,15 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._fresh = (self.opts.starting_timestamp is not None
                            or self.opts.starting_offsets != "group")
             mqs = self._queues()
-            starts = starting_offsets(self.catalog, mqs, self.opts, self.group_store)
-            infos = self.catalog.infos(mqs)
+            starts = starting_offsets(self.backend, mqs, self.opts, self.group_store)
+            infos = self.backend.infos(mqs)
             self._initial = to_json_dict(
                 {mq: check_data_loss(mq, starts[mq], infos[mq], self.opts.fail_on_data_loss)
                  for mq in mqs})
         return self._initial
 
     def _latest(self, mqs) -> dict[MessageQueue, int]:
-        infos = self.catalog.infos(mqs)
+        infos = self.backend.infos(mqs)
         latest = {mq: infos[mq].max_offset for mq in mqs}
         if self._target is not None:
             # Trigger.AvailableNow: nothing written after prepareForTriggerAvailableNow is read.
@@ -107,7 +106,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         starts = from_json_dict(start, what="start offset")
         new = [mq for mq in mqs if mq not in starts]
         if new:
-            infos = self.catalog.infos(new)
+            infos = self.backend.infos(new)
             for mq in new:
                 starts[mq] = infos[mq].min_offset
         return starts
@@ -218,7 +217,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """``starts`` with each queue to read moved past offsets the store no longer has (retention,
         a re-created queue), all at once: each lost offset is reported once (or raises with
         ``failOnDataLoss``), see :func:`rmq_source.spark.positions.check_data_loss`."""
-        infos = self.catalog.infos(sorted(read))
+        infos = self.backend.infos(sorted(read))
         out = dict(starts)
         for mq, info in infos.items():
             out[mq] = check_data_loss(mq, starts[mq], info, self.opts.fail_on_data_loss,
@@ -280,8 +279,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return admitted
 
     def _unit_sizes(self, mq: MessageQueue, start: int, count: int):
-        return self.catalog.store(mq.broker_name).unit_sizes(mq.topic, mq.queue_id, start,
-                                                              start + count)
+        return self.backend.unit_sizes(mq, start, start + count)
 
     @staticmethod
     def _byte_backlog(backlog, sizes) -> dict[MessageQueue, int]:
@@ -314,12 +312,12 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict:
         mqs = self._queues()
-        infos = self.catalog.infos(mqs)
+        infos = self.backend.infos(mqs)
         return to_json_dict({mq: infos[mq].max_offset for mq in mqs})
 
     def prepareForTriggerAvailableNow(self) -> None:
         mqs = self._queues()
-        infos = self.catalog.infos(mqs)
+        infos = self.backend.infos(mqs)
         self._target = {mq: infos[mq].max_offset for mq in mqs}
 
     # -- planning and reading ----------------------------------------------------------------
@@ -339,7 +337,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts = from_json_dict(start, what="recorded start offset")
             planned = self.session.resume_batch(start, end, planned, first)
             ends = {mq: o for mq, o in ends.items() if mq in planned}
-        infos = self.catalog.infos(list(ends))
+        infos = self.backend.infos(list(ends))
         ranges = []
         for mq, stop in sorted(ends.items()):
             if mq in starts:
@@ -361,9 +359,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "strategy must answer the same for the same arguments")
         lock = None
         if self.session is not None and self.opts.orderly:
-            lock = LockSpec(self.session.state_dir, self.opts.consumer_group, self.opts.client_id,
-                            self.opts.client_lock_lease_ms)
-        return build_partitions(tasks, self.opts, self.catalog, lock)
+            lock = TaskLock(self.opts.consumer_group, self.opts.client_id, self.opts.client_lock_lease_ms)
+        return build_partitions(tasks, self.opts, self.backend, lock)
 
     def read(self, partition):
         return read_partition(partition)

@@ -18,8 +18,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +27,7 @@ from rmq_source.store import native
 from rmq_source.store.bodies import decompress_bodies
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
                      RmqUnknownTopicError)
+from rmq_source.backend import DataLossCallback, QueueInfo, ShortReadCallback
 from rmq_source.schema import ARROW_SCHEMA
 from rmq_source.subscription import Subscription
 
@@ -38,22 +38,8 @@ DEFAULT_BATCH_ROWS = 65536
 DEFAULT_BATCH_BYTES = 64 << 20
 _LISTING_ATTEMPTS = 5
 
-#: Called with (first_lost_offset, first_readable_offset) when retention removed messages of a
-#: range being read; without a callback the read raises :class:`RmqDataLossError`.
-DataLossCallback = Callable[[int, int], None]
-#: Called with (first_unread_offset, end, reason) when a range that must be read to its end
-#: (a planned one) cannot be: the queue holds fewer units than the range needs.
-ShortReadCallback = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True)
-class QueueInfo:
-    """One queue of one topic on this store; ``max_offset`` is exclusive (next to be written)."""
-
-    topic: str
-    queue_id: int
-    min_offset: int
-    max_offset: int
+# The seam's types (rmq_source.backend): a store answers in them directly.
+__all__ = ["Store", "QueueInfo", "DataLossCallback", "ShortReadCallback"]
 
 
 def _segment_files(folder: str) -> list[tuple[int, str]]:

@@ -1,0 +1,175 @@
+"""The seam between the Spark side and where messages and group state come from.
+
+The planner, positions, admission control, the stream and batch readers, the tasks and the CLI's
+group commands ask a :class:`Backend`, never a store folder or a broker directly:
+
+* **queues**: topics and their queues (by name, by pattern, or named one by one);
+* **offsets**: per queue the min offset (first readable) and max offset (next to be written), so a
+  queue holds ``[min, max)``; the first offset stored at or after a timestamp; the byte size of the
+  messages of a range (for ``maxBytesPerTrigger``);
+* **messages**: a queue range ``[start, end)`` read with a subscription into Arrow record batches of
+  :data:`rmq_source.schema.ARROW_SCHEMA`, reporting what cannot be read through callbacks;
+* **group state**: the consumer group's offset store, the query's session in its group (membership,
+  allocation, locks, batch plans) and the task-side lock check of ordered consumption.
+
+A backend is built on the driver from the options (:func:`rmq_source.spark.query.open_backend`).
+Tasks receive its :class:`BackendSpec`, a small picklable description, and open it in their own
+process (:meth:`BackendSpec.open`, one backend per spec and process).
+"""
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping
+
+from rmq_source.errors import RmqUnknownTopicError
+from rmq_source.group.allocation import MessageQueue
+
+#: Called with (first_lost_offset, first_readable_offset) when retention removed messages of a
+#: range being read.
+DataLossCallback = Callable[[int, int], None]
+#: Called with (first_unread_offset, end, reason) when a planned range cannot be read to its end.
+ShortReadCallback = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """One queue of one topic: it holds offsets ``[min_offset, max_offset)``; ``max_offset`` is
+    the next offset to be written."""
+
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class TaskLock:
+    """Ordered mode: a task must find ``client_id`` holding the locks of its queues in ``group``,
+    renewed within ``client_lease_ms``, before it reads."""
+
+    group: str
+    client_id: str
+    client_lease_ms: int
+
+
+class BackendSpec(abc.ABC):
+    """A picklable description of a backend, carried by Spark's input partitions."""
+
+    @abc.abstractmethod
+    def open(self) -> "Backend":
+        """The backend this spec describes, shared by everything in this process."""
+
+
+class Backend(abc.ABC):
+    """What the Spark side and the CLI's group commands ask of a message source (module doc)."""
+
+    #: The description tasks receive to open this backend in their own process.
+    spec: BackendSpec
+
+    # -- queues --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def topics(self) -> dict[str, list[str]]:
+        """Topic -> names of the brokers that hold it."""
+
+    @abc.abstractmethod
+    def queue_ids(self, topic: str, broker_name: str) -> list[int]:
+        """Queue ids of ``topic`` on ``broker_name`` (empty when the broker does not hold it)."""
+
+    @abc.abstractmethod
+    def where(self) -> str:
+        """Where topics are looked for, for messages: ``any store (broker-a=/data/a)``."""
+
+    def _queues_of(self, topic: str, brokers: Iterable[str]) -> list[MessageQueue]:
+        return [MessageQueue(topic, b, q) for b in brokers for q in self.queue_ids(topic, b)]
+
+    def queues_for_topics(self, topics: Iterable[str]) -> list[MessageQueue]:
+        """Every queue of the named topics on every broker; a topic found nowhere is an error."""
+        known = self.topics()
+        out: list[MessageQueue] = []
+        for topic in topics:
+            if topic not in known:
+                raise RmqUnknownTopicError(
+                    f"option topic: {topic!r} is not in {self.where()}; "
+                    f"topics found: {', '.join(sorted(known)) or 'none'}")
+            out.extend(self._queues_of(topic, known[topic]))
+        return sorted(out)
+
+    def queues_for_pattern(self, pattern: re.Pattern) -> list[MessageQueue]:
+        """Queues of every topic whose whole name matches ``pattern`` (may be empty)."""
+        out: list[MessageQueue] = []
+        for topic, brokers in self.topics().items():
+            if pattern.fullmatch(topic):
+                out.extend(self._queues_of(topic, brokers))
+        return sorted(out)
+
+    def queues_for_assign(self, assign: Mapping[str, Mapping[str, Iterable[int]]]) -> list[MessageQueue]:
+        """The queues named by ``assign`` ({topic: {broker: [queueIds]}}); each must exist."""
+        out: list[MessageQueue] = []
+        for topic, brokers in assign.items():
+            for broker, qids in brokers.items():
+                self.check_broker(broker)
+                existing = set(self.queue_ids(topic, broker))
+                for qid in qids:
+                    if qid not in existing:
+                        raise RmqUnknownTopicError(
+                            f"option assign: queue {qid} of topic {topic!r} does not exist on broker "
+                            f"{broker!r} (queues: {sorted(existing)})")
+                    out.append(MessageQueue(topic, broker, qid))
+        return sorted(set(out))
+
+    def check_broker(self, broker_name: str) -> None:
+        """Raise RmqUnknownTopicError when ``broker_name`` is not a broker of this backend."""
+
+    # -- offsets -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def infos(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, QueueInfo]:
+        """Min and max offset of every queue, asked together (one listing or round trip per
+        broker and topic, not one per queue)."""
+
+    def info(self, mq: MessageQueue) -> QueueInfo:
+        return self.infos([mq])[mq]
+
+    @abc.abstractmethod
+    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset whose message was stored at or after ``timestamp_ms`` (the max offset
+        when there is none)."""
+
+    @abc.abstractmethod
+    def unit_sizes(self, mq: MessageQueue, start: int, end: int):
+        """Cumulative byte sizes of the messages at offsets ``[start, end)`` (numpy int64 array;
+        element i = bytes of offsets ``start .. start+i``); shorter when the queue ends first."""
+
+    # -- messages ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read(self, mq: MessageQueue, start: int, end: int, *, subscription: str, batch_rows: int,
+             batch_bytes: int, verify_crc: bool, on_data_loss: DataLossCallback,
+             on_short_read: ShortReadCallback) -> Iterator:
+        """Arrow record batches of the messages at offsets ``[start, end)`` of ``mq`` that match
+        ``subscription``, in offset order. Messages removed before they were read are reported
+        through ``on_data_loss``; a range that ends short of ``end`` (queue shorter or gone)
+        through ``on_short_read``. Nothing is skipped silently."""
+
+    # -- group state ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def offset_store(self, group: str):
+        """The consumer group's offset store (shaped like RocketMQ's OffsetStore: read, update,
+        persist)."""
+
+    @abc.abstractmethod
+    def group_session(self, opts, strategy, offset_store):
+        """The query's session in its group (membership, allocation, locks, batch plans); see
+        :class:`rmq_source.group.session.GroupSession`."""
+
+    @abc.abstractmethod
+    def group_topics(self, group: str) -> set[str]:
+        """Topics ``group`` has recorded progress for."""
+
+    @abc.abstractmethod
+    def group_users(self, group: str) -> tuple[list[str], dict[str, str]]:
+        """(live member client ids, {"topic/broker/queueId": holder} of unexpired queue locks)."""
+
+    @abc.abstractmethod
+    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
+        """Raise RmqLockError unless ``lock.client_id`` holds every queue of ``mqs``. Reads only."""
