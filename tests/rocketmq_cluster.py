@@ -13,6 +13,7 @@ Usable without pytest (bench/): ``resolve_jars("4.9.8")``, ``NameServer(...)``, 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import signal
@@ -94,6 +95,16 @@ def resolve_jars(version: str, *, timeout: float = 1500.0) -> Path:
     folder = cache_root() / f"rocketmq-{version}"
     if (folder / MARKER).is_file():
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # test processes running side by side (pytest-xdist workers) download one at a time
+    with open(folder.parent / f".rocketmq-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / MARKER).is_file():
+            return folder
+        return _download(version, folder, timeout)
+
+
+def _download(version: str, folder: Path, timeout: float) -> Path:
     if folder.exists():
         shutil.rmtree(folder)          # an interrupted download: start again
     folder.parent.mkdir(parents=True, exist_ok=True)

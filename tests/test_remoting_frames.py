@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rmq_source.errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
                                RmqRemotingProtocolError, RmqRemotingTimeoutError, RmqSourceError)
-from rmq_source.remote import Connection, RemotingClient, frames
+from rmq_source.remote import Connection, RemotingClient, fastjson, frames
 from rmq_source.remote.frames import RemotingCommand
 
 
@@ -227,8 +227,29 @@ def test_sending_oversized_frame_is_refused_before_sending(peer):
 def test_fastjson_integer_keys():
     text = '{"brokerAddrTable":{"b":{"brokerAddrs":{0:"127.0.0.1:1",1:"x,2:y"}}},"n":{-1:"a"}}'
     data = frames.loads_fastjson(text)
-    assert data["brokerAddrTable"]["b"]["brokerAddrs"] == {"0": "127.0.0.1:1", "1": "x,2:y"}
-    assert data["n"] == {"-1": "a"}
+    assert data["brokerAddrTable"]["b"]["brokerAddrs"] == {0: "127.0.0.1:1", 1: "x,2:y"}
+    assert data["n"] == {-1: "a"}
+
+
+def test_fastjson_object_keys():
+    # TopicStatsTable as fastjson writes it: MessageQueue objects as map keys
+    text = ('{"offsetTable":{{"brokerName":"b","queueId":0,"topic":"T:{x}"}:{"maxOffset":5,"minOffset":0},'
+            ' {"brokerName":"b","queueId":1,"topic":"T"} : {"maxOffset":-1.5e3,"minOffset":null}},"ok":true}')
+    data = fastjson.loads(text)
+    (k0, v0), (k1, v1) = data["offsetTable"].items()
+    assert isinstance(k0, fastjson.ObjectKey) and dict(k0) == {"brokerName": "b", "queueId": 0, "topic": "T:{x}"}
+    assert v0 == {"maxOffset": 5, "minOffset": 0}
+    assert dict(k1)["queueId"] == 1 and v1 == {"maxOffset": -1500.0, "minOffset": None}
+    assert data["ok"] is True
+
+
+@pytest.mark.parametrize("text, where", [
+    ('{{"a":1}', "expected ':'"), ('{"a":1,}', "expected a value"), ('{"a" 1}', "expected ':'"),
+    ('[1 2]', "expected ',' or ']'"), ('{"a":1} x', "extra data"), ('{', "unexpected end"),
+])
+def test_fastjson_errors_name_the_position(text, where):
+    with pytest.raises(ValueError, match=where):
+        fastjson.loads(text)
 
 
 @settings(max_examples=200, deadline=None)

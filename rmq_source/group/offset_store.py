@@ -39,6 +39,7 @@ take over a group that Java consumers ran. The broker's file is only ever read, 
 """
 from __future__ import annotations
 
+import abc
 import enum
 import os
 import re
@@ -52,7 +53,7 @@ from rmq_source import nofollow
 from rmq_source.errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError, RmqSourceError
 from rmq_source.group.statefile import check_group, file_lock
 
-__all__ = ["GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "BROKER_NAME_RE",
+__all__ = ["OffsetTable", "GroupOffsetStore", "ReadOffsetType", "OFFSET_FILE_NAME", "BROKER_NAME_RE",
            "check_offset_store_path", "DEFAULT_OFFSET_STORE_DIRNAME", "default_offset_store_path"]
 
 DEFAULT_OFFSET_STORE_DIRNAME = "rmq_source_offsets"
@@ -122,26 +123,13 @@ def _offset_value(offset: Any) -> int:
     return offset
 
 
-class GroupOffsetStore:
-    """Offsets of consumer group ``group``: memory table + one file per broker under ``path``.
+class OffsetTable(abc.ABC):
+    """RocketMQ's OffsetStore API over an in-memory table of group ``group``'s offsets; where they
+    persist is the subclass's: :meth:`_fetch` reads them, :meth:`_write_broker` writes one broker's.
+    Thread-safe; picklable (the memory table travels, the thread lock is recreated)."""
 
-    ``broker_stores`` maps broker names to store roots whose ``config/consumerOffset.json`` is the
-    read-only fallback. ``lock_timeout_s`` bounds the wait for another process's file lock
-    (``None`` = forever); on timeout :class:`RmqOffsetStoreError` is raised. Thread-safe; picklable
-    (the memory table travels, the thread lock is recreated).
-    """
-
-    def __init__(self, path: str | os.PathLike, group: str, *,
-                 broker_stores: Mapping[str, str] | None = None, lock_timeout_s: float | None = 60.0):
-        path = os.fspath(path)
-        if not isinstance(path, str) or not path:
-            raise RmqOptionError(f"offset store path must be a non-empty directory path, got {path!r}")
-        self.path = os.path.abspath(path)
+    def __init__(self, group: str):
         self.group = check_group(group)
-        self.broker_stores = {name: os.path.abspath(os.fspath(root))
-                              for name, root in (broker_stores or {}).items()}
-        check_offset_store_path(self.path, self.broker_stores, self.broker_stores)
-        self.lock_timeout_s = lock_timeout_s
         self._table: dict[MessageQueue, int] = {}
         self._mutex = threading.Lock()
 
@@ -155,6 +143,146 @@ class GroupOffsetStore:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._mutex = threading.Lock()
+
+    @abc.abstractmethod
+    def _fetch(self, mqs: list[MessageQueue]) -> dict[MessageQueue, int]:
+        """Persisted offsets of ``mqs``; queues without one are left out."""
+
+    @abc.abstractmethod
+    def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
+        """Persist ``entries`` (all of queues of ``broker``)."""
+
+    # -- RocketMQ OffsetStore API --------------------------------------------------------------
+
+    def read_offset(self, mq: Any,
+                    read_type: ReadOffsetType = ReadOffsetType.MEMORY_FIRST_THEN_STORE) -> int:
+        """The next offset to consume of ``mq``, or -1 when none is known (see module docstring).
+
+        ``READ_FROM_MEMORY``: the memory table only. ``READ_FROM_STORE``: the files (ours, then the
+        broker's); a value found there also replaces the memory entry; nothing found leaves memory
+        alone. ``MEMORY_FIRST_THEN_STORE``: memory, else as ``READ_FROM_STORE``.
+        """
+        mq = _queue(mq)
+        if not isinstance(read_type, ReadOffsetType):
+            raise RmqOptionError(f"read_type must be a ReadOffsetType "
+                                 f"({', '.join(t.name for t in ReadOffsetType)}), got {read_type!r}")
+        if read_type is not ReadOffsetType.READ_FROM_STORE:
+            with self._mutex:
+                offset = self._table.get(mq)
+            if offset is not None:
+                return offset
+            if read_type is ReadOffsetType.READ_FROM_MEMORY:
+                return NO_OFFSET
+        found = self._fetch([mq])
+        if mq not in found:
+            return NO_OFFSET
+        self._set(mq, found[mq], increase_only=False)
+        return found[mq]
+
+    def read_offsets(self, mqs: Iterable[Any],
+                     read_type: ReadOffsetType = ReadOffsetType.MEMORY_FIRST_THEN_STORE
+                     ) -> dict[MessageQueue, int]:
+        """:meth:`read_offset` for many queues, reading each broker's files once."""
+        queues = [_queue(mq) for mq in mqs]
+        if not isinstance(read_type, ReadOffsetType):
+            raise RmqOptionError(f"read_type must be a ReadOffsetType, got {read_type!r}")
+        out: dict[MessageQueue, int] = {}
+        wanted = queues
+        if read_type is not ReadOffsetType.READ_FROM_STORE:
+            with self._mutex:
+                for mq in queues:
+                    if mq in self._table:
+                        out[mq] = self._table[mq]
+            wanted = [mq for mq in queues if mq not in out]
+            if read_type is ReadOffsetType.READ_FROM_MEMORY:
+                return {mq: out.get(mq, NO_OFFSET) for mq in queues}
+        found = self._fetch(wanted) if wanted else {}
+        for mq, offset in found.items():
+            self._set(mq, offset, increase_only=False)
+        out.update(found)
+        return {mq: out.get(mq, NO_OFFSET) for mq in queues}
+
+    def update_offset(self, mq: Any, offset: int, increase_only: bool = False) -> None:
+        """Set the memory entry of ``mq`` to ``offset`` (not persisted until :meth:`persist`).
+
+        With ``increase_only`` an existing entry only moves forward (a smaller ``offset`` is
+        ignored); an absent entry is always set. Offsets must be in [0, 2**63-1].
+        """
+        self._set(_queue(mq), _offset_value(offset), increase_only)
+
+    def _set(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
+        with self._mutex:
+            current = self._table.get(mq)
+            if current is None or not increase_only or offset > current:
+                self._table[mq] = offset
+
+    def remove_offset(self, mq: Any) -> None:
+        """Forget ``mq`` in memory (its persisted offset stays)."""
+        mq = _queue(mq)
+        with self._mutex:
+            self._table.pop(mq, None)
+
+    def clone_offset_table(self, topic: str | None = None) -> dict[MessageQueue, int]:
+        """A copy of the memory table, only ``topic``'s queues unless ``topic`` is None or blank."""
+        with self._mutex:
+            items = list(self._table.items())
+        if topic is None or not topic.strip():
+            return dict(items)
+        return {mq: offset for mq, offset in items if mq.topic == topic}
+
+    def persist(self, mqs: Iterable[Any] | None = None) -> None:
+        """Write the memory entries of ``mqs`` (default: every entry) where they persist.
+
+        Queues without a memory entry are skipped. One locked read-modify-write per broker file:
+        entries of other groups, topics and queues in the file are kept as they are.
+        """
+        with self._mutex:
+            if mqs is None:
+                entries = dict(self._table)
+            else:
+                wanted = {_queue(mq) for mq in mqs}
+                entries = {mq: self._table[mq] for mq in wanted if mq in self._table}
+        by_broker: dict[str, dict[MessageQueue, int]] = {}
+        for mq, offset in entries.items():
+            by_broker.setdefault(mq.broker_name, {})[mq] = offset
+        for broker in sorted(by_broker):
+            self._write_broker(broker, by_broker[broker])
+
+    def persist_all(self, mqs: Iterable[Any] | None = None) -> None:
+        """Persist every memory entry (``mqs`` None), or RocketMQ's ``persistAll(mqs)``: persist the
+        entries of ``mqs`` and drop every other queue from memory; an empty ``mqs`` does nothing."""
+        if mqs is None:
+            self.persist(None)
+            return
+        keep = {_queue(mq) for mq in mqs}
+        if not keep:
+            return
+        self.persist(keep)
+        with self._mutex:
+            for mq in [mq for mq in self._table if mq not in keep]:
+                del self._table[mq]
+
+
+class GroupOffsetStore(OffsetTable):
+    """Offsets of consumer group ``group``: memory table + one file per broker under ``path``.
+
+    ``broker_stores`` maps broker names to store roots whose ``config/consumerOffset.json`` is the
+    read-only fallback. ``lock_timeout_s`` bounds the wait for another process's file lock
+    (``None`` = forever); on timeout :class:`RmqOffsetStoreError` is raised. Thread-safe; picklable
+    (the memory table travels, the thread lock is recreated).
+    """
+
+    def __init__(self, path: str | os.PathLike, group: str, *,
+                 broker_stores: Mapping[str, str] | None = None, lock_timeout_s: float | None = 60.0):
+        path = os.fspath(path)
+        if not isinstance(path, str) or not path:
+            raise RmqOptionError(f"offset store path must be a non-empty directory path, got {path!r}")
+        super().__init__(group)
+        self.path = os.path.abspath(path)
+        self.broker_stores = {name: os.path.abspath(os.fspath(root))
+                              for name, root in (broker_stores or {}).items()}
+        check_offset_store_path(self.path, self.broker_stores, self.broker_stores)
+        self.lock_timeout_s = lock_timeout_s
 
     def __repr__(self) -> str:
         return f"GroupOffsetStore(path={self.path!r}, group={self.group!r})"
@@ -246,116 +374,6 @@ class GroupOffsetStore:
                 elif key in fallback:
                     found[mq] = fallback[key]
         return found
-
-    # -- RocketMQ OffsetStore API --------------------------------------------------------------
-
-    def read_offset(self, mq: Any,
-                    read_type: ReadOffsetType = ReadOffsetType.MEMORY_FIRST_THEN_STORE) -> int:
-        """The next offset to consume of ``mq``, or -1 when none is known (see module docstring).
-
-        ``READ_FROM_MEMORY``: the memory table only. ``READ_FROM_STORE``: the files (ours, then the
-        broker's); a value found there also replaces the memory entry; nothing found leaves memory
-        alone. ``MEMORY_FIRST_THEN_STORE``: memory, else as ``READ_FROM_STORE``.
-        """
-        mq = _queue(mq)
-        if not isinstance(read_type, ReadOffsetType):
-            raise RmqOptionError(f"read_type must be a ReadOffsetType "
-                                 f"({', '.join(t.name for t in ReadOffsetType)}), got {read_type!r}")
-        if read_type is not ReadOffsetType.READ_FROM_STORE:
-            with self._mutex:
-                offset = self._table.get(mq)
-            if offset is not None:
-                return offset
-            if read_type is ReadOffsetType.READ_FROM_MEMORY:
-                return NO_OFFSET
-        found = self._fetch([mq])
-        if mq not in found:
-            return NO_OFFSET
-        self._set(mq, found[mq], increase_only=False)
-        return found[mq]
-
-    def read_offsets(self, mqs: Iterable[Any],
-                     read_type: ReadOffsetType = ReadOffsetType.MEMORY_FIRST_THEN_STORE
-                     ) -> dict[MessageQueue, int]:
-        """:meth:`read_offset` for many queues, reading each broker's files once."""
-        queues = [_queue(mq) for mq in mqs]
-        if not isinstance(read_type, ReadOffsetType):
-            raise RmqOptionError(f"read_type must be a ReadOffsetType, got {read_type!r}")
-        out: dict[MessageQueue, int] = {}
-        wanted = queues
-        if read_type is not ReadOffsetType.READ_FROM_STORE:
-            with self._mutex:
-                for mq in queues:
-                    if mq in self._table:
-                        out[mq] = self._table[mq]
-            wanted = [mq for mq in queues if mq not in out]
-            if read_type is ReadOffsetType.READ_FROM_MEMORY:
-                return {mq: out.get(mq, NO_OFFSET) for mq in queues}
-        found = self._fetch(wanted) if wanted else {}
-        for mq, offset in found.items():
-            self._set(mq, offset, increase_only=False)
-        out.update(found)
-        return {mq: out.get(mq, NO_OFFSET) for mq in queues}
-
-    def update_offset(self, mq: Any, offset: int, increase_only: bool = False) -> None:
-        """Set the memory entry of ``mq`` to ``offset`` (not persisted until :meth:`persist`).
-
-        With ``increase_only`` an existing entry only moves forward (a smaller ``offset`` is
-        ignored); an absent entry is always set. Offsets must be in [0, 2**63-1].
-        """
-        self._set(_queue(mq), _offset_value(offset), increase_only)
-
-    def _set(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
-        with self._mutex:
-            current = self._table.get(mq)
-            if current is None or not increase_only or offset > current:
-                self._table[mq] = offset
-
-    def remove_offset(self, mq: Any) -> None:
-        """Forget ``mq`` in memory (its persisted offset stays)."""
-        mq = _queue(mq)
-        with self._mutex:
-            self._table.pop(mq, None)
-
-    def clone_offset_table(self, topic: str | None = None) -> dict[MessageQueue, int]:
-        """A copy of the memory table, only ``topic``'s queues unless ``topic`` is None or blank."""
-        with self._mutex:
-            items = list(self._table.items())
-        if topic is None or not topic.strip():
-            return dict(items)
-        return {mq: offset for mq, offset in items if mq.topic == topic}
-
-    def persist(self, mqs: Iterable[Any] | None = None) -> None:
-        """Write the memory entries of ``mqs`` (default: every entry) to the broker files.
-
-        Queues without a memory entry are skipped. One locked read-modify-write per broker file:
-        entries of other groups, topics and queues in the file are kept as they are.
-        """
-        with self._mutex:
-            if mqs is None:
-                entries = dict(self._table)
-            else:
-                wanted = {_queue(mq) for mq in mqs}
-                entries = {mq: self._table[mq] for mq in wanted if mq in self._table}
-        by_broker: dict[str, dict[MessageQueue, int]] = {}
-        for mq, offset in entries.items():
-            by_broker.setdefault(mq.broker_name, {})[mq] = offset
-        for broker in sorted(by_broker):
-            self._write_broker(broker, by_broker[broker])
-
-    def persist_all(self, mqs: Iterable[Any] | None = None) -> None:
-        """Persist every memory entry (``mqs`` None), or RocketMQ's ``persistAll(mqs)``: persist the
-        entries of ``mqs`` and drop every other queue from memory; an empty ``mqs`` does nothing."""
-        if mqs is None:
-            self.persist(None)
-            return
-        keep = {_queue(mq) for mq in mqs}
-        if not keep:
-            return
-        self.persist(keep)
-        with self._mutex:
-            for mq in [mq for mq in self._table if mq not in keep]:
-                del self._table[mq]
 
     def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
         path = self.file_path(broker)

@@ -7,11 +7,11 @@ big-endian.
 from __future__ import annotations
 
 import json
-import re
 import struct
 from dataclasses import dataclass, field
 
 from rmq_source.errors import RmqRemotingProtocolError
+from rmq_source.remote import fastjson
 
 #: NettyDecoder's frame limit (the length field's value).
 MAX_FRAME = 16 * 1024 * 1024
@@ -175,22 +175,6 @@ def _decode_binary_header(h: bytes) -> RemotingCommand:
                            language=language, version=version)
 
 
-# fastjson writes Map<Integer, ...> keys unquoted ({0:"127.0.0.1:10911"}) unless asked for standard
-# JSON: quote bare integer keys, leaving string contents alone.
-_FASTJSON_KEYS = re.compile(r'"(?:[^"\\]|\\.)*"|([{,]\s*)(-?\d+)(\s*:)')
-
-
-def _quote_key(m: re.Match) -> str:
-    if m.group(1) is None:
-        return m.group(0)
-    return f'{m.group(1)}"{m.group(2)}"{m.group(3)}'
-
-
 def loads_fastjson(text: str | bytes):
-    """``json.loads`` that also accepts fastjson's unquoted integer object keys."""
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        text = bytes(text).decode("utf-8")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return json.loads(_FASTJSON_KEYS.sub(_quote_key, text))
+    """JSON as fastjson writes it (integer and object map keys): see :mod:`.fastjson`."""
+    return fastjson.loads(text)

@@ -33,6 +33,8 @@ LOCK_BATCH_MQ = 41
 UNLOCK_BATCH_MQ = 42
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
+GET_TOPIC_STATS_INFO = 202
+GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
 SEND_BATCH_MESSAGE = 320
 
 # answer codes
@@ -108,7 +110,40 @@ def cluster_info(client: RemotingClient, namesrv: str, *, timeout: float | None 
                        {k: sorted(v) for k, v in (data.get("clusterAddrTable") or {}).items()})
 
 
+def all_topics(client: RemotingClient, namesrv: str, *, timeout: float | None = None) -> list[str]:
+    """Every topic the NameServer knows (system topics included), sorted."""
+    resp = client.invoke(namesrv, GET_ALL_TOPIC_LIST_FROM_NAMESERVER, timeout=timeout)
+    return sorted(_json(resp.body, "GET_ALL_TOPIC_LIST_FROM_NAMESERVER", namesrv).get("topicList") or [])
+
+
 # ------------------------------------------------------------------ topics
+@dataclass(frozen=True)
+class QueueStats:
+    """A queue of one broker: offsets ``[min_offset, max_offset)``; the time of its last message."""
+
+    min_offset: int
+    max_offset: int
+    last_update_ms: int
+
+
+def topic_stats(client: RemotingClient, broker: str, topic: str, *, timeout: float | None = None
+                ) -> dict[int, QueueStats]:
+    """GET_TOPIC_STATS_INFO: every queue of ``topic`` on ``broker`` in one round trip, by queue id."""
+    what = f"GET_TOPIC_STATS_INFO(topic={topic})"
+    resp = client.invoke(broker, GET_TOPIC_STATS_INFO, {"topic": topic}, timeout=timeout)
+    table = _json(resp.body, what, broker).get("offsetTable") or {}
+    out = {}
+    for key, value in table.items():
+        # fastjson writes the MessageQueue key as an object; a writer that quotes keys, as a string
+        mq = dict(key) if isinstance(key, tuple) else _json(str(key).encode(), what, broker)
+        if not isinstance(mq, dict) or not isinstance(value, dict) or "queueId" not in mq:
+            raise RmqRemotingProtocolError(f"unexpected topic statistics entry {key!r}: {value!r}",
+                                           peer=broker, request=what)
+        out[int(mq["queueId"])] = QueueStats(int(value.get("minOffset", 0)), int(value.get("maxOffset", 0)),
+                                             int(value.get("lastUpdateTimestamp", 0)))
+    return out
+
+
 def create_topic(client: RemotingClient, broker: str, topic: str, *, read_queues: int = 4,
                  write_queues: int | None = None, perm: int = 6, order: bool = False,
                  timeout: float | None = None) -> None:

@@ -39,7 +39,23 @@ DEFAULT_BATCH_BYTES = 64 << 20
 _LISTING_ATTEMPTS = 5
 
 # The seam's types (rmq_source.backend): a store answers in them directly.
-__all__ = ["Store", "QueueInfo", "DataLossCallback", "ShortReadCallback"]
+__all__ = ["Store", "QueueInfo", "DataLossCallback", "ShortReadCallback", "native_rows"]
+
+
+def native_rows(batch: pa.RecordBatch, topic: str, broker_name: str, queue_id: int) -> pa.RecordBatch:
+    """The C core's columns (NATIVE_SCHEMA) -> the full row schema: add topic and brokerName,
+    decompress bodies. topic and queueId are those of the queue read; they equal the record's own
+    fields except for light message queues (LMQ), whose records carry the parent topic's. A body
+    that does not decompress raises RmqCorruptStoreError with its record's physical offset."""
+    n = batch.num_rows
+    columns = [pa.repeat(topic, n), pa.repeat(broker_name, n)]
+    columns.extend(batch.columns)
+    columns[ARROW_SCHEMA.get_field_index("queueId")] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
+    body_idx = ARROW_SCHEMA.get_field_index("body")
+    flags = columns[ARROW_SCHEMA.get_field_index("sysFlag")]
+    columns[body_idx] = decompress_bodies(
+        columns[body_idx], flags, columns[ARROW_SCHEMA.get_field_index("commitLogOffset")])
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 def _segment_files(folder: str) -> list[tuple[int, str]]:
@@ -412,20 +428,8 @@ class Store:
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]
 
     def _finish(self, topic: str, queue_id: int, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Native columns -> full row schema: add topic and brokerName, decompress bodies.
-
-        topic and queueId are those of the queue read; they equal the record's own fields except
-        for light message queues (LMQ), whose records carry the parent topic's.
-        """
-        n = batch.num_rows
-        columns = [pa.repeat(topic, n), pa.repeat(self.broker_name, n)]
-        columns.extend(batch.columns)
-        columns[ARROW_SCHEMA.get_field_index("queueId")] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
-        body_idx = ARROW_SCHEMA.get_field_index("body")
-        flags = columns[ARROW_SCHEMA.get_field_index("sysFlag")]
         try:
-            columns[body_idx] = decompress_bodies(
-                columns[body_idx], flags, columns[ARROW_SCHEMA.get_field_index("commitLogOffset")])
+            return native_rows(batch, topic, self.broker_name, queue_id)
         except RmqCorruptStoreError as exc:
             if exc.path is not None or exc.position is None or not self._cl_file_size:
                 raise
@@ -435,7 +439,6 @@ class Store:
             raise RmqCorruptStoreError(f"{exc} (file {path}, position {exc.position - start})",
                                        path=path, position=exc.position - start,
                                        code=exc.code) from exc
-        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
     def _unit_sizes(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
         """Record sizes of the ConsumeQueue units ``[start, end)`` (read from the CQ files); shorter

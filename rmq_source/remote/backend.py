@@ -1,0 +1,333 @@
+"""The live-cluster backend: queues, offsets and messages from RocketMQ brokers over the network.
+
+Routes come from the NameServers (``namesrvAddr``, tried in order until one answers); every
+question about a queue goes to the master of its broker:
+
+* queues: the topic's route (GET_ROUTEINFO_BY_TOPIC); a broker's readable queues are
+  ``0 .. readQueueNums-1`` when its permission allows reading;
+* min/max offsets: one GET_TOPIC_STATS_INFO per broker and topic (not one round trip per queue);
+* offset by time: SEARCH_OFFSET_BY_TIMESTAMP;
+* messages: PULL_MESSAGE with the subscription; the answer's CommitLog records are decoded by the
+  C core (:func:`rmq_source.store.native.decode_records`) into the same columns as the store mode.
+  With the subscription ``*`` several pulls of one range are in flight at once.
+* group offsets: on the brokers (:class:`~rmq_source.remote.offset_store.BrokerOffsetStore`).
+
+A pull answered "offset moved" below the queue's min offset reports the exact messages lost
+(``on_data_loss``); a queue that ends before the planned end reports it (``on_short_read``).
+"""
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
+from rmq_source.errors import (RmqBrokerError, RmqOptionError, RmqRemotingConnectionError,
+                               RmqUnknownTopicError)
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.remote import requests as rq
+from rmq_source.remote.client import RemotingClient
+from rmq_source.subscription import Subscription
+
+PERM_READ = 4
+PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
+PULLS_IN_FLIGHT = 4
+PULL_GROUP = "rmq_source_reader"   # pulls name a group; the subscription travels in each request
+_MAX_RETRIES = 5
+
+_BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ClusterBackendSpec(BackendSpec):
+    """NameServer addresses (in the order tried) and the request timeout in seconds."""
+
+    namesrv_addrs: tuple[str, ...]
+    timeout_s: float = 10.0
+    pulls_in_flight: int = PULLS_IN_FLIGHT
+
+    def open(self) -> "ClusterBackend":
+        with _LOCK:
+            backend = _BACKENDS.get(self)
+            if backend is None:
+                backend = _BACKENDS[self] = ClusterBackend(self)
+            return backend
+
+
+def parse_namesrv_addr(value: str) -> tuple[str, ...]:
+    """``host:port;host:port`` (as RocketMQ clients take it) -> the addresses, in order."""
+    addrs = tuple(a.strip() for a in str(value).split(";") if a.strip())
+    for a in addrs:
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RmqOptionError(f"option namesrvAddr={value!r}: {a!r} is not host:port; expected "
+                                 "host:port[;host:port...]")
+    if not addrs:
+        raise RmqOptionError(f"option namesrvAddr={value!r}: expected host:port[;host:port...]")
+    return addrs
+
+
+class ClusterBackend(Backend):
+    """A RocketMQ cluster reached through its NameServers (module doc)."""
+
+    def __init__(self, spec: ClusterBackendSpec):
+        self.spec = spec
+        self.client = RemotingClient(timeout=spec.timeout_s)
+        self._masters: dict[str, str] = {}
+        self._mutex = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- NameServer ----------------------------------------------------------------------------
+    def _ask_namesrv(self, what: str, call):
+        """``call(addr)`` on the first NameServer that answers; every address tried is named."""
+        errors = []
+        for addr in self.spec.namesrv_addrs:
+            try:
+                return call(addr)
+            except RmqRemotingConnectionError as exc:
+                errors.append(f"{addr}: {exc}")
+        raise RmqRemotingConnectionError(
+            f"{what}: no NameServer answered (tried {', '.join(self.spec.namesrv_addrs)}): "
+            + "; ".join(errors))
+
+    def route(self, topic: str) -> rq.TopicRoute:
+        try:
+            route = self._ask_namesrv(f"route of topic {topic!r}",
+                                      lambda a: rq.topic_route(self.client, a, topic))
+        except RmqBrokerError as exc:
+            if exc.code == rq.TOPIC_NOT_EXIST:
+                raise RmqUnknownTopicError(
+                    f"option topic: {topic!r} is not in {self.where()}; the NameServer has no "
+                    "route for it") from None
+            raise
+        with self._mutex:
+            self._masters.update(route.master_addrs())
+        return route
+
+    def broker_addr(self, broker_name: str) -> str:
+        """The master address of ``broker_name`` (from the last route; cluster info otherwise)."""
+        with self._mutex:
+            addr = self._masters.get(broker_name)
+        if addr is None:
+            info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
+            addr = info.master_addr(broker_name)
+            if addr is None:
+                raise RmqUnknownTopicError(f"broker {broker_name!r} has no master in {self.where()}")
+            with self._mutex:
+                self._masters[broker_name] = addr
+        return addr
+
+    def _forget(self, broker_name: str) -> None:
+        with self._mutex:
+            self._masters.pop(broker_name, None)
+
+    # -- queues --------------------------------------------------------------------------------
+    def where(self) -> str:
+        return f"the cluster of NameServer {';'.join(self.spec.namesrv_addrs)}"
+
+    @staticmethod
+    def _readable(route: rq.TopicRoute) -> dict[str, int]:
+        return {q["brokerName"]: int(q.get("readQueueNums", 0)) for q in route.queue_datas
+                if int(q.get("perm", 6)) & PERM_READ}
+
+    def topics(self) -> dict[str, list[str]]:
+        out = {}
+        for topic in self._topic_names():
+            try:
+                brokers = sorted(self._readable(self.route(topic)))
+            except RmqUnknownTopicError:      # deleted between the list and the route
+                continue
+            if brokers:
+                out[topic] = brokers
+        return out
+
+    def _topic_names(self) -> list[str]:
+        return self._ask_namesrv("topic list", lambda a: rq.all_topics(self.client, a))
+
+    def queue_ids(self, topic: str, broker_name: str) -> list[int]:
+        return list(range(self._readable(self.route(topic)).get(broker_name, 0)))
+
+    def queues_for_topics(self, topics: Iterable[str]) -> list[MessageQueue]:
+        out = []
+        for topic in topics:
+            for broker, n in sorted(self._readable(self.route(topic)).items()):
+                out.extend(MessageQueue(topic, broker, q) for q in range(n))
+        return sorted(out)
+
+    def queues_for_pattern(self, pattern: re.Pattern) -> list[MessageQueue]:
+        names = [t for t in self._topic_names() if pattern.fullmatch(t)]
+        out = []
+        for topic in names:
+            try:
+                out.extend(self.queues_for_topics([topic]))
+            except RmqUnknownTopicError:
+                continue
+        return sorted(out)
+
+    def check_broker(self, broker_name: str) -> None:
+        self.broker_addr(broker_name)
+
+    # -- offsets -------------------------------------------------------------------------------
+    def infos(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, QueueInfo]:
+        mqs = list(mqs)
+        groups: dict[tuple[str, str], list[MessageQueue]] = {}
+        for mq in mqs:
+            groups.setdefault((mq.broker_name, mq.topic), []).append(mq)
+        found = {}
+        for (broker, topic), group in groups.items():
+            stats = self._call(broker, lambda addr: rq.topic_stats(self.client, addr, topic))
+            for mq in group:
+                s = stats.get(mq.queue_id)
+                found[mq] = (QueueInfo(topic, mq.queue_id, s.min_offset, s.max_offset) if s is not None
+                             else QueueInfo(topic, mq.queue_id, 0, 0))
+        return {mq: found[mq] for mq in mqs}
+
+    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
+            self.client, addr, mq.topic, mq.queue_id, timestamp_ms))
+
+    def unit_sizes(self, mq: MessageQueue, start: int, end: int):
+        """The brokers tell no message sizes without the messages: pulls them (bodies included)."""
+        sizes = []
+        for batch in self.read(mq, start, end, subscription="*", batch_rows=1 << 16,
+                               batch_bytes=1 << 26, verify_crc=False,
+                               on_data_loss=lambda *_: None, on_short_read=lambda *_: None):
+            sizes.extend(batch.column("storeSize").to_pylist())
+        return np.cumsum(np.asarray(sizes, dtype=np.int64))
+
+    def _call(self, broker_name: str, fn):
+        """``fn(master address)``; a broken connection asks the NameServer again, once."""
+        try:
+            return fn(self.broker_addr(broker_name))
+        except RmqRemotingConnectionError:
+            self._forget(broker_name)
+            return fn(self.broker_addr(broker_name))
+
+    # -- messages ------------------------------------------------------------------------------
+    def _pull(self, mq: MessageQueue, offset: int, count: int, sub: Subscription) -> rq.PullResult:
+        expression = sub.expression if not sub.sub_all else "*"
+        return self._call(mq.broker_name, lambda addr: rq.pull(
+            self.client, addr, PULL_GROUP, mq.topic, mq.queue_id, offset,
+            max_nums=max(1, min(count, PULL_BATCH)), subscription=expression))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._mutex:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.spec.pulls_in_flight, thread_name_prefix="rmq-pull")
+            return self._pool
+
+    def _pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription):
+        """(offset asked, PullResult) in offset order. With ``*`` the next pulls of the range are
+        asked ahead (their offsets are known); a filter makes the broker choose the next offset."""
+        if not sub.sub_all or self.spec.pulls_in_flight <= 1:
+            offset = start
+            while offset < end:
+                res = self._pull(mq, offset, end - offset, sub)
+                offset = yield offset, res
+            return
+        pool = self._executor()
+        ahead: list = []
+        offset = next_ask = start
+        while offset < end:
+            while len(ahead) < self.spec.pulls_in_flight and next_ask < end:
+                n = min(PULL_BATCH, end - next_ask)
+                ahead.append((next_ask, pool.submit(self._pull, mq, next_ask, n, sub)))
+                next_ask += n
+            asked, fut = ahead.pop(0)
+            res = fut.result()
+            if asked != offset:            # an answer came short: ask again from where it ended
+                for _, f in ahead:
+                    f.cancel()
+                ahead.clear()
+                next_ask = offset
+                continue
+            offset = yield asked, res
+            if ahead and ahead[0][0] != offset:
+                for _, f in ahead:
+                    f.cancel()
+                ahead.clear()
+                next_ask = offset
+
+    def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
+             on_data_loss, on_short_read) -> Iterator:
+        from rmq_source.store import native
+        from rmq_source.store.reader import native_rows
+
+        sub = subscription if isinstance(subscription, Subscription) else Subscription.parse(subscription)
+        tags = None if sub.sub_all else tuple(sub.tags)
+        pulls = self._pulls(mq, start, end, sub)
+        try:
+            offset, res = next(pulls)
+        except StopIteration:
+            return
+        retries = 0
+        while True:
+            where = f"pull answer of {mq} at offset {offset} from {self.broker_addr(mq.broker_name)}"
+            if res.code == rq.SUCCESS:
+                batch, last = native.decode_records(res.body, where=where, topic=mq.topic,
+                                                    queue_id=mq.queue_id, start=offset, end=end,
+                                                    tags=tags, verify_crc=verify_crc)
+                if batch.num_rows:
+                    yield native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
+                nxt = max(res.next_begin_offset, last + 1)
+                retries = 0
+            elif res.code == rq.PULL_OFFSET_MOVED and offset < res.min_offset:
+                on_data_loss(offset, min(res.min_offset, end))   # removed by retention
+                nxt = res.min_offset
+            elif res.code in (rq.PULL_NOT_FOUND, rq.PULL_OFFSET_MOVED):
+                if offset >= res.max_offset:
+                    on_short_read(offset, end, f"the broker's queue ends at offset {res.max_offset}, "
+                                  f"before the planned end {end}")
+                    return
+                nxt = max(res.next_begin_offset, offset)
+            elif res.code == rq.PULL_RETRY_IMMEDIATELY:
+                nxt = res.next_begin_offset     # nothing matched the filter up to there
+            else:
+                raise RmqBrokerError(f"{where}: unexpected pull answer code {res.code} ({res.remark})",
+                                     code=res.code)
+            if nxt <= offset:
+                retries += 1
+                if retries > _MAX_RETRIES:
+                    raise RmqBrokerError(f"{where}: the broker answered code {res.code} ({res.remark}) "
+                                         f"{retries} times without moving past offset {offset}",
+                                         code=res.code)
+                nxt = offset
+            if nxt >= end:
+                return
+            try:
+                offset, res = pulls.send(nxt)
+            except StopIteration:
+                return
+
+    # -- group state ---------------------------------------------------------------------------
+    def offset_store(self, group: str):
+        from rmq_source.remote.offset_store import BrokerOffsetStore
+        return BrokerOffsetStore(self.client, group, self.broker_addr)
+
+    def group_session(self, opts, strategy, offset_store):
+        raise RmqOptionError(
+            "option consumerGroup with namesrvAddr: a streaming query that is a member of a "
+            "consumer group on the brokers is not supported yet; read with startingOffsets=group "
+            "in a batch query, or stream without consumerGroup")
+
+    def group_topics(self, group: str) -> set[str]:
+        raise RmqOptionError("listing a group's topics on the brokers is not supported yet; name "
+                             "the topic")
+
+    def group_users(self, group: str) -> tuple[list[str], dict[str, str]]:
+        live: set[str] = set()
+        for broker in sorted(self._masters_all()):
+            live.update(rq.consumer_list(self.client, self._masters_all()[broker], group))
+        return sorted(live), {}
+
+    def _masters_all(self) -> dict[str, str]:
+        info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
+        return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
+
+    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
+        raise RmqOptionError("orderly=true with namesrvAddr is not supported yet")
