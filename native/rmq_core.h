@@ -175,6 +175,17 @@ int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset
                     int64_t max_offset, int64_t timestamp_ms, int64_t *out, rmq_error *err);
 int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *args,
                    rmq_batch **out, rmq_error *err);
+/* Decode the CommitLog records laid end to end in buf[0, len) (a PULL_MESSAGE answer body) into
+ * a batch, as rmq_scan_queue does from the store. Every record must be a message of queue
+ * (a->topic, a->queue_id) (check_queue is required; LMQ multi-dispatch records as in a scan), in
+ * ascending QUEUEOFFSET, else RMQ_E_UNIT_MISMATCH. Records below a->start are passed over, the
+ * first at or past a->end ends the decode; with check_tags a record whose TAGS is none of
+ * a->tags is left out (the broker filters by hash code only); the codes are not used. Stops with
+ * RMQ_ST_FULL at max_rows/max_bytes. next_offset = one past the last QUEUEOFFSET examined (at
+ * least a->start); scanned = the bytes of buf examined. Errors name `label` and the byte
+ * position in buf. */
+int rmq_decode_records(const uint8_t *buf, int64_t len, const char *label,
+                       const rmq_scan_args *a, rmq_batch **out, rmq_error *err);
 void rmq_batch_free(rmq_batch *batch);
 /* addresses and used lengths of the RMQ_NBUF buffers of a batch (for zero-copy wrapping) */
 void rmq_batch_buffers(const rmq_batch *batch, uint64_t *addrs, int64_t *lens);

@@ -336,6 +336,53 @@ def _int32_codes(codes) -> list[int]:
     return sorted(set(out))
 
 
+def _scan_args(keep: list, start: int, end: int, max_rows: int, max_bytes: int, verify_crc: bool,
+               codes, tags, topic, queue_id):
+    """The C arguments of a scan or decode; ``keep`` holds the C memory they point to."""
+    args = ffi.new("rmq_scan_args *")
+    keep.append(args)
+    args.start, args.end, args.max_rows, args.max_bytes = start, end, max_rows, max_bytes
+    args.verify_crc = bool(verify_crc)
+    if codes is not None:
+        code_list = _int32_codes(codes)
+        c_codes = ffi.new("int32_t[]", code_list or [0])
+        keep.append(c_codes)
+        args.filter = 1
+        args.codes = c_codes
+        args.ncodes = len(code_list)
+    if tags is not None:
+        if isinstance(tags, (str, bytes)):
+            raise RmqOptionError(f"tags must be a sequence of strings, got {tags!r}")
+        encoded = []
+        for t in tags:
+            if not isinstance(t, str):
+                raise RmqOptionError(f"tags must be strings, got {t!r}")
+            encoded.append(t.encode("utf-8"))
+        c_strs = [ffi.new("char[]", t) for t in encoded]
+        c_tags = ffi.new("char *[]", c_strs or [ffi.NULL])
+        c_lens = ffi.new("int32_t[]", [len(t) for t in encoded] or [0])
+        keep.extend((c_strs, c_tags, c_lens))
+        args.check_tags = 1
+        args.tags = c_tags
+        args.tag_lens = c_lens
+        args.ntags = len(encoded)
+    if topic is not None:
+        if not isinstance(topic, str) or not topic:
+            raise RmqOptionError(f"topic must be a non-empty string, got {topic!r}")
+        _check_int("queue_id", queue_id, -(1 << 31), INT32_MAX)
+        # the folder name's bytes (a name that is not UTF-8 comes from listdir as surrogates)
+        topic_bytes = topic.encode("utf-8", "surrogateescape")
+        if len(topic_bytes) > INT32_MAX:
+            raise RmqOptionError("topic is too long")
+        c_topic = ffi.new("char[]", topic_bytes)
+        keep.append(c_topic)
+        args.check_queue = 1
+        args.topic = c_topic
+        args.topic_len = len(topic_bytes)
+        args.queue_id = queue_id
+    return args
+
+
 def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: int, start: int,
                end: int, *, codes: tuple[int, ...] | None = None,
                tags: tuple[str, ...] | None = None, max_rows: int = 65536,
@@ -381,47 +428,8 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     if (topic is None) != (queue_id is None):
         raise RmqOptionError("topic and queue_id go together (the queue being read): give both "
                              f"or neither, got topic={topic!r}, queue_id={queue_id!r}")
-    keep = []
-    args = ffi.new("rmq_scan_args *")
-    args.start, args.end, args.max_rows, args.max_bytes = start, end, max_rows, max_bytes
-    args.verify_crc = bool(verify_crc)
-    if codes is not None:
-        code_list = _int32_codes(codes)
-        c_codes = ffi.new("int32_t[]", code_list or [0])
-        keep.append(c_codes)
-        args.filter = 1
-        args.codes = c_codes
-        args.ncodes = len(code_list)
-    if tags is not None:
-        if isinstance(tags, (str, bytes)):
-            raise RmqOptionError(f"tags must be a sequence of strings, got {tags!r}")
-        encoded = []
-        for t in tags:
-            if not isinstance(t, str):
-                raise RmqOptionError(f"tags must be strings, got {t!r}")
-            encoded.append(t.encode("utf-8"))
-        c_strs = [ffi.new("char[]", t) for t in encoded]
-        c_tags = ffi.new("char *[]", c_strs or [ffi.NULL])
-        c_lens = ffi.new("int32_t[]", [len(t) for t in encoded] or [0])
-        keep.extend((c_strs, c_tags, c_lens))
-        args.check_tags = 1
-        args.tags = c_tags
-        args.tag_lens = c_lens
-        args.ntags = len(encoded)
-    if topic is not None:
-        if not isinstance(topic, str) or not topic:
-            raise RmqOptionError(f"topic must be a non-empty string, got {topic!r}")
-        _check_int("queue_id", queue_id, -(1 << 31), INT32_MAX)
-        # the folder name's bytes (a name that is not UTF-8 comes from listdir as surrogates)
-        topic_bytes = topic.encode("utf-8", "surrogateescape")
-        if len(topic_bytes) > INT32_MAX:
-            raise RmqOptionError("topic is too long")
-        c_topic = ffi.new("char[]", topic_bytes)
-        keep.append(c_topic)
-        args.check_queue = 1
-        args.topic = c_topic
-        args.topic_len = len(topic_bytes)
-        args.queue_id = queue_id
+    keep: list = []
+    args = _scan_args(keep, start, end, max_rows, max_bytes, verify_crc, codes, tags, topic, queue_id)
     out = ffi.new("rmq_batch **")
     err = ffi.new("rmq_error *")
     rc = lib.rmq_scan_queue(commitlog._files.struct, cq.struct, args, out, err)
@@ -430,6 +438,48 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     ptr = out[0]
     next_offset, scanned, status = int(ptr.next_offset), int(ptr.scanned), _STATUS[ptr.status]
     return ScanResult(_to_arrow(ptr), next_offset, scanned, status)
+
+
+def decode_records(body: bytes, *, where: str, topic: str, queue_id: int, start: int, end: int,
+                   tags: tuple[str, ...] | None = None, verify_crc: bool = False
+                   ) -> tuple[pa.RecordBatch, int]:
+    """Decode the CommitLog records of a PULL_MESSAGE answer ``body`` (records end to end).
+
+    Returns the NATIVE_SCHEMA batch of the messages with queue offsets in ``[start, end)`` (bodies
+    as stored) and the queue offset after the last record examined (at least ``start``). Every
+    record must be a message of (``topic``, ``queue_id``) in ascending queue offset; with ``tags``
+    (the subscription's) a record whose TAGS is none of them is left out, since the broker filters
+    by hash code only. A record that is not what the broker stores raises RmqCorruptStoreError
+    naming ``where`` and the byte position in the answer.
+    """
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise RmqOptionError(f"body must be bytes, got {type(body).__name__}")
+    if not isinstance(where, str) or not where:
+        raise RmqOptionError("where must name the answer (for error messages)")
+    if topic is None or queue_id is None:
+        raise RmqOptionError("topic and queue_id name the queue the answer is for: both are required")
+    _check_int("start", start, 0, _MAX_QUEUE_OFFSET)
+    _check_int("end", end, 0, _MAX_QUEUE_OFFSET)
+    if end < start:
+        raise RmqOptionError(f"end ({end}) must be >= start ({start})")
+    data = bytes(body)
+    keep: list = []
+    args = _scan_args(keep, start, end, INT64_MAX, MAX_BATCH_BYTES, verify_crc,
+                      None, tags, topic, queue_id)
+    c_buf = ffi.from_buffer("uint8_t[]", data)
+    c_where = ffi.new("char[]", where.encode("utf-8", "replace"))
+    out = ffi.new("rmq_batch **")
+    err = ffi.new("rmq_error *")
+    rc = lib.rmq_decode_records(c_buf, len(data), c_where, args, out, err)
+    if rc:
+        _raise(err)
+    ptr = out[0]
+    if ptr.status != 0:     # END: an answer is far below the batch limits
+        lib.rmq_batch_free(ptr)
+        raise RmqCorruptStoreError(f"{where}: the answer's records exceed one batch "
+                                   f"({len(data)} bytes)", path=where, position=0)
+    next_offset = int(ptr.next_offset)
+    return _to_arrow(ptr), next_offset
 
 
 def live_batches() -> int:

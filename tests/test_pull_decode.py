@@ -1,0 +1,150 @@
+"""native.decode_records: a PULL_MESSAGE answer (CommitLog records end to end) decoded by the C
+core into the same rows as the store scan, and every malformed answer refused with its position.
+
+Answers are made from stores our writer wrote: the records of one queue, cut out of the CommitLog
+at the offsets the store reports, laid end to end as a broker's pull answer lays them.
+"""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from rmq_source.errors import RmqCorruptStoreError, RmqOptionError
+from rmq_source.store import native
+from rmq_source.store.reader import Store, native_rows
+from rmq_source.store.writer import StoreWriter
+
+TOPIC = "PullTopic"
+WHERE = "pull answer of test"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pull") / "store"
+    with StoreWriter(root, commitlog_file_size=1 << 20) as w:
+        w.create_topic(TOPIC, 2)
+        w.create_topic("Other", 1)
+        for i in range(40):
+            w.append(TOPIC, b"body-%d" % i * (1 + i % 9), queue_id=i % 2, tags=("Aa", "BB", "x")[i % 3],
+                     keys=[f"k{i}"], properties={"i": str(i)},
+                     compression="zlib" if i % 4 == 0 else None)
+            w.append("Other", b"other-%d" % i, queue_id=0, tags="x")
+    return root
+
+
+def answer(root, topic=TOPIC, queue_id=0, start=0, end=None):
+    """(records of [start, end) of the queue end to end, the store's rows of them)."""
+    with Store(root) as st:
+        end = st.max_offset(topic, queue_id) if end is None else end
+        rows = st.read(topic, queue_id, start, end).to_pylist()
+    data = b"".join((root / "commitlog" / f"{0:020d}").read_bytes()[r["commitLogOffset"]:
+                                                                   r["commitLogOffset"] + r["storeSize"]]
+                    for r in rows)
+    return data, rows
+
+
+def decode(data, **kw):
+    args = dict(where=WHERE, topic=TOPIC, queue_id=0, start=0, end=1 << 40)
+    args.update(kw)
+    batch, nxt = native.decode_records(data, **args)
+    return native_rows(batch, args["topic"], "broker-a", args["queue_id"]).to_pylist(), nxt
+
+
+def test_same_rows_as_the_store_scan(store):
+    data, rows = answer(store)
+    got, nxt = decode(data)
+    assert got == rows and nxt == 20
+
+
+@pytest.mark.parametrize("start, end, expect", [(0, 20, range(0, 20)), (5, 9, range(5, 9)),
+                                                (19, 40, range(19, 20)), (25, 30, range(0))])
+def test_only_the_range_is_kept(store, start, end, expect):
+    data, rows = answer(store)
+    got, nxt = decode(data, start=start, end=end)
+    assert [r["queueOffset"] for r in got] == list(expect)
+    assert nxt == max(start, min(end, 20))
+
+
+def test_tags_rechecked_on_the_string(store):
+    # "Aa" and "BB" share a hash code: the broker's code filter lets both through
+    data, rows = answer(store)
+    got, _ = decode(data, tags=("Aa",))
+    assert [r["queueOffset"] for r in got] == [r["queueOffset"] for r in rows if r["tags"] == "Aa"]
+    assert got and all(r["tags"] == "Aa" for r in got)
+
+
+def test_an_answer_starting_mid_queue(store):
+    data, rows = answer(store, queue_id=1, start=7)
+    got, nxt = decode(data, queue_id=1, start=7)
+    assert got == rows and nxt == 20
+
+
+def _corrupt_cases(data: bytes, rows: list):
+    first = rows[0]["storeSize"]
+    yield "truncated", data[:-5], "TRUNCATED", len(data) - rows[-1]["storeSize"]
+    yield "bad magic", data[:first + 4] + b"\0\0\0\0" + data[first + 8:], "BAD_MAGIC", first
+    yield "size", struct.pack(">i", 50) + data[4:], "SIZE_MISMATCH", 0
+    # the second record moved before the first: queue offsets go backwards
+    second = rows[1]["storeSize"]
+    yield "order", data[first:first + second] + data[:first] + data[first + second:], "UNIT_MISMATCH", second
+    yield "garbage tail", data + b"\x01\x02\x03", "TRUNCATED", len(data)
+
+
+@pytest.mark.parametrize("case", ["truncated", "bad magic", "size", "order", "garbage tail"])
+def test_malformed_answers_name_the_position(store, case):
+    data, rows = answer(store)
+    name, bad, code, pos = next(c for c in _corrupt_cases(data, rows) if c[0] == case)
+    with pytest.raises(RmqCorruptStoreError) as exc:
+        decode(bad)
+    assert exc.value.code == code, exc.value
+    assert exc.value.path == WHERE and exc.value.position == pos, (exc.value, exc.value.position)
+
+
+def test_records_of_another_queue_are_refused(store):
+    data, _ = answer(store, topic="Other")
+    with pytest.raises(RmqCorruptStoreError, match="is not a message of queue 'PullTopic'/0") as exc:
+        decode(data)
+    assert exc.value.code == "UNIT_MISMATCH" and exc.value.position == 0
+    data, _ = answer(store, queue_id=1)
+    with pytest.raises(RmqCorruptStoreError, match="queue 1"):
+        decode(data)
+
+
+def test_empty_answer_and_bad_arguments(store):
+    assert decode(b"") == ([], 0)
+    assert decode(b"", start=9, end=12)[1] == 9
+    for kw, match in [({"end": -1}, "end"), ({"start": 5, "end": 4}, "must be >="),
+                      ({"where": ""}, "where"), ({"topic": None}, "topic and queue_id")]:
+        with pytest.raises(RmqOptionError, match=match):
+            decode(b"", **kw)
+    with pytest.raises(RmqOptionError, match="bytes"):
+        native.decode_records("text", where=WHERE, topic=TOPIC, queue_id=0, start=0, end=1)
+    assert native.live_batches() == 0
+
+
+def test_random_damage_never_crashes(store):
+    """Bytes of the answer overwritten at random: a clean decode or RmqCorruptStoreError naming a
+    position inside the answer, nothing else (this file also runs under ASan)."""
+    import random
+    data, rows = answer(store)
+    rnd = random.Random(5)
+    outcomes = set()
+    for _ in range(400):
+        bad = bytearray(data)
+        for _ in range(rnd.randint(1, 6)):
+            bad[rnd.randrange(len(bad))] = rnd.randrange(256)
+        if rnd.random() < 0.2:
+            bad = bad[:rnd.randrange(len(bad))]
+        try:
+            batch, nxt = native.decode_records(bytes(bad), where=WHERE, topic=TOPIC, queue_id=0,
+                                               start=0, end=1 << 40)
+            outcomes.add("ok")
+            assert 0 <= nxt and batch.num_rows <= 20
+            batch.validate(full=True)
+            del batch
+        except RmqCorruptStoreError as exc:
+            outcomes.add(exc.code)
+            assert exc.path == WHERE and 0 <= exc.position < len(bad), exc
+    assert "ok" in outcomes and len(outcomes) >= 4, outcomes
+    assert native.live_batches() == 0
