@@ -59,19 +59,6 @@ class ClusterBackendSpec(BackendSpec):
             return backend
 
 
-def parse_namesrv_addr(value: str) -> tuple[str, ...]:
-    """``host:port;host:port`` (as RocketMQ clients take it) -> the addresses, in order."""
-    addrs = tuple(a.strip() for a in str(value).split(";") if a.strip())
-    for a in addrs:
-        host, _, port = a.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise RmqOptionError(f"option namesrvAddr={value!r}: {a!r} is not host:port; expected "
-                                 "host:port[;host:port...]")
-    if not addrs:
-        raise RmqOptionError(f"option namesrvAddr={value!r}: expected host:port[;host:port...]")
-    return addrs
-
-
 class ClusterBackend(Backend):
     """A RocketMQ cluster reached through its NameServers (module doc)."""
 
@@ -269,12 +256,12 @@ class ClusterBackend(Backend):
         while True:
             where = f"pull answer of {mq} at offset {offset} from {self.broker_addr(mq.broker_name)}"
             if res.code == rq.SUCCESS:
-                batch, last = native.decode_records(res.body, where=where, topic=mq.topic,
-                                                    queue_id=mq.queue_id, start=offset, end=end,
-                                                    tags=tags, verify_crc=verify_crc)
+                batch, after = native.decode_records(res.body, where=where, topic=mq.topic,
+                                                     queue_id=mq.queue_id, start=offset, end=end,
+                                                     tags=tags, verify_crc=verify_crc)
                 if batch.num_rows:
                     yield native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
-                nxt = max(res.next_begin_offset, last + 1)
+                nxt = max(res.next_begin_offset, after)
                 retries = 0
             elif res.code == rq.PULL_OFFSET_MOVED and offset < res.min_offset:
                 on_data_loss(offset, min(res.min_offset, end))   # removed by retention

@@ -67,7 +67,12 @@ DEFAULT_CONSUME_TIMESTAMP_AGO_MS = 30 * 60 * 1000
 
 # Option name -> (default as documented, description). Keys are the canonical spellings.
 OPTION_DOCS: dict[str, tuple[str, str]] = {
-    "storePath": ("required unless brokers",
+    "namesrvAddr": ("none",
+                    "Read a live cluster: its NameServers, host:port;host:port (as RocketMQ clients "
+                    "take it). Exclusive with storePath/brokers/brokerName."),
+    "requestTimeoutMs": ("10000", "With namesrvAddr: timeout of one request to a NameServer or "
+                                  "broker, in ms."),
+    "storePath": ("required unless brokers or namesrvAddr",
                   "Root directory of one broker's store (the folder holding commitlog/, "
                   "consumequeue/ and config/)."),
     "path": ("none", "Set by Spark's load(path); the same as storePath (if both are given they "
@@ -220,6 +225,8 @@ class SourceOptions:
     verify_crc: bool
     batch_rows: int
     batch_bytes: int
+    namesrv_addrs: tuple[str, ...] | None = None       # live cluster mode (brokers is then empty)
+    request_timeout_ms: int = 10_000
 
     @property
     def broker_names(self) -> tuple[str, ...]:
@@ -316,6 +323,13 @@ def _json_object(name: str, value: str, shape: str) -> dict:
 
 
 def _check_broker(name: str, value: str, broker: str, brokers: Mapping[str, str]) -> None:
+    """``broker`` must be configured; with namesrvAddr (no brokers configured: the cluster's come
+    from its NameServers at query start) only its name is checked here."""
+    if not brokers:
+        if not BROKER_NAME_RE.fullmatch(broker):
+            raise _fail(name, value, f"broker name {broker!r} has characters outside "
+                                     "[A-Za-z0-9_%|@.-] or starts with '.'")
+        return
     if broker not in brokers:
         raise _fail(name, value, f"broker {broker!r} is not configured; configured brokers: "
                                  f"{', '.join(brokers)}")
@@ -433,6 +447,33 @@ def _normalise(options: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def parse_namesrv_addr(value: str) -> tuple[str, ...]:
+    """``host:port;host:port`` -> the addresses, in the order they are tried."""
+    addrs = tuple(a.strip() for a in str(value).split(";") if a.strip())
+    for a in addrs:
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise _fail("namesrvAddr", value, f"{a!r} is not host:port; expected host:port[;host:port...]")
+    if not addrs:
+        raise _fail("namesrvAddr", value, "expected host:port[;host:port...]")
+    return addrs
+
+
+def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
+    """The NameServers of a live cluster, or None for the store mode."""
+    if "namesrvAddr" not in opts:
+        if "requestTimeoutMs" in opts:
+            raise RmqOptionError(f"option requestTimeoutMs={opts['requestTimeoutMs']!r} only applies "
+                                 "with namesrvAddr")
+        return None
+    for other in ("storePath", "path", "brokers", "brokerName", "offsetStorePath"):
+        if other in opts:
+            raise RmqOptionError(f"options namesrvAddr and {other} are exclusive: a query reads a live "
+                                 "cluster (namesrvAddr; group offsets on its brokers) or store "
+                                 "folders (storePath/brokers)")
+    return parse_namesrv_addr(opts["namesrvAddr"])
+
+
 def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
     if "path" in opts:
         if "storePath" in opts and opts["storePath"] != opts["path"]:
@@ -469,7 +510,8 @@ def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
         brokers = {broker: value}
     else:
         raise RmqOptionError("option storePath (or brokers) is required: the root directory of the "
-                             "broker store to read, e.g. .option('storePath', '/data/rocketmq/store')")
+                             "broker store to read, e.g. .option('storePath', '/data/rocketmq/store'); "
+                             "or namesrvAddr to read a live cluster")
     seen: dict[str, str] = {}
     option = "brokers" if "brokers" in opts else "storePath"
     for broker, path in list(brokers.items()):
@@ -504,7 +546,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             raise RmqOptionError(f"option {name}={opts[name]!r} applies only to {kind} queries, "
                                  f"not to this {mode} query")
 
-    brokers = _parse_brokers(opts)
+    namesrv_addrs = _parse_namesrv(opts)
+    brokers = {} if namesrv_addrs else _parse_brokers(opts)
+    request_timeout_ms = (_int("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
+                               maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
 
     # What to read
     chosen = [n for n in ("topic", "topicPattern", "assign") if n in opts]
@@ -727,7 +772,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         if not opts["offsetStorePath"]:
             raise _fail("offsetStorePath", opts["offsetStorePath"], "expected a directory path")
         offset_store_path = os.path.abspath(opts["offsetStorePath"])
-    elif group is not None:
+    elif group is not None and brokers:
         offset_store_path = default_offset_store_path(brokers)
     if offset_store_path is not None:
         check_offset_store_path(offset_store_path, brokers, brokers)
@@ -775,6 +820,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         lock_lease_ms=lock_values["lockLeaseMs"], client_lock_lease_ms=lock_values["clientLockLeaseMs"],
         lock_renew_interval_ms=lock_values["lockRenewIntervalMs"], client_id=client_id,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
+        namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
     )
 
 

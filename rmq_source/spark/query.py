@@ -7,8 +7,11 @@ from rmq_source.group.allocation import MessageQueue, create_strategy
 
 
 def open_backend(opts) -> Backend:
-    """The backend the options name: the store folders of ``storePath``/``brokers``. This is the
-    only place on the Spark side that knows which kinds of backend exist."""
+    """The backend the options name: the live cluster of ``namesrvAddr``, else the store folders
+    of ``storePath``/``brokers``. The only place on the Spark side that knows the kinds."""
+    if opts.namesrv_addrs:
+        from rmq_source.remote.backend import ClusterBackendSpec
+        return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0).open()
     from rmq_source.store.backend import StoreBackend
     return StoreBackend(opts.brokers, opts.offset_store_path)
 
