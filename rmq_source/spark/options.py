@@ -5,8 +5,9 @@ case-insensitive (Spark lower-cases them); every value is checked strictly and a
 :class:`~rmq_source.errors.RmqOptionError` naming the option, the value given and what is valid.
 Nothing is silently defaulted or ignored: an unknown option, an option that does not apply to the
 query (a streaming-only option in a batch read, an allocation parameter of another strategy, ...)
-and contradicting options are errors. :data:`OPTION_DOCS` documents every option (name ->
-(default, description)); :func:`options_markdown` renders it as a table.
+and contradicting options are errors. :data:`OPTION_DOCS` (:mod:`.option_docs`) documents every
+option; the parsers of single values are :mod:`.option_values`'s; this module holds the rules
+between options and :class:`SourceOptions`.
 
 Where a query starts (precedence as in Spark's Kafka source)
 -----------------------------------------------------------
@@ -29,139 +30,33 @@ Values kept in :class:`SourceOptions`
 from __future__ import annotations
 
 import difflib
-import json
-import os
 import re
-import socket
 import time
-import uuid
+import os
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Mapping
 
-from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
-from rmq_source.store.native import MAX_BATCH_BYTES, MAX_QUEUE_OFFSET
+from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_DIRNAME,
                                            check_offset_store_path, default_offset_store_path)
 from rmq_source.group.statefile import check_group
+from rmq_source.spark.option_docs import (ALLOCATE_STRATEGIES, CONSUME_FROM_WHERE, DEFAULT_BROKER_NAME,
+                                          DEFAULT_CONSUME_TIMESTAMP_AGO_MS, NEARBY_INNER_STRATEGIES,
+                                          OPTION_DOCS, options_markdown)
+from rmq_source.spark.option_values import (CLASS_SPEC_RE, CLIENT_ID_RE, EARLIEST, GROUP, LATEST,
+                                            NAME_RE, bool_option, choice, comma_list,
+                                            consume_timestamp_ms, default_client_id, duration_ms,
+                                            fail, int_option, parse_namesrv_addr,
+                                            parse_offsets_json, parse_queue_json)
+from rmq_source.store.native import MAX_BATCH_BYTES
 from rmq_source.subscription import Subscription
 
 __all__ = [
     "SourceOptions", "parse_options", "OPTION_DOCS", "options_markdown",
     "EARLIEST", "LATEST", "GROUP", "ALLOCATE_STRATEGIES", "CONSUME_FROM_WHERE",
-    "DEFAULT_OFFSET_STORE_DIRNAME",
+    "DEFAULT_OFFSET_STORE_DIRNAME", "default_client_id",
 ]
-
-EARLIEST, LATEST, GROUP = "earliest", "latest", "group"
-JSON_EARLIEST, JSON_LATEST = -2, -1
-INT64_MAX = (1 << 63) - 1
-
-ALLOCATE_STRATEGIES = ("AVG", "AVG_BY_CIRCLE", "CONFIG", "MACHINE_ROOM", "MACHINE_ROOM_NEARBY",
-                       "CONSISTENT_HASH")
-NEARBY_INNER_STRATEGIES = ("AVG", "AVG_BY_CIRCLE", "CONSISTENT_HASH")
-CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
-                      "CONSUME_FROM_TIMESTAMP")
-DEFAULT_BROKER_NAME = "broker-a"
-DEFAULT_CONSUME_TIMESTAMP_AGO_MS = 30 * 60 * 1000
-
-# Option name -> (default as documented, description). Keys are the canonical spellings.
-OPTION_DOCS: dict[str, tuple[str, str]] = {
-    "namesrvAddr": ("none",
-                    "Read a live cluster: its NameServers, host:port;host:port (as RocketMQ clients "
-                    "take it). Exclusive with storePath/brokers/brokerName."),
-    "requestTimeoutMs": ("10000", "With namesrvAddr: timeout of one request to a NameServer or "
-                                  "broker, in ms."),
-    "storePath": ("required unless brokers or namesrvAddr",
-                  "Root directory of one broker's store (the folder holding commitlog/, "
-                  "consumequeue/ and config/)."),
-    "path": ("none", "Set by Spark's load(path); the same as storePath (if both are given they "
-                     "must be equal)."),
-    "brokers": ("none",
-                "Several stores: brokerA=/path/a,brokerB=/path/b (unique names, one store each; "
-                "paths cannot contain ','). Exclusive with storePath/brokerName."),
-    "brokerName": (DEFAULT_BROKER_NAME,
-                   "Broker name of storePath (part of every MessageQueue and of offsets JSON)."),
-    "topic": ("none", "Comma-separated topics to read. Exactly one of topic, topicPattern, assign."),
-    "topicPattern": ("none",
-                     "Python regular expression matched against the whole name of every topic in "
-                     "the stores; while streaming, new matching topics and queues are picked up "
-                     "from their earliest offset."),
-    "assign": ("none", 'Exact queues as JSON {"topic":{"broker":[queueIds]}}.'),
-    "subExpression": ("*", "RocketMQ tag expression: * (all) or TagA || TagB."),
-    "consumerGroup": ("none",
-                      "Consumer group whose progress is read (startingOffsets=group) and "
-                      "committed. Characters [%|a-zA-Z0-9_-]."),
-    "startingOffsets": ("streaming: group with consumerGroup, else latest; batch: earliest",
-                        'earliest, latest (streaming only), group (needs consumerGroup), or JSON '
-                        '{"topic":{"broker":{"queueId":offset}}} with -2 = earliest, -1 = latest '
-                        '(-1 streaming only). JSON must list every queue the query reads.'),
-    "startingTimestamp": ("none",
-                          "Epoch ms; each queue starts at its first message stored at or after "
-                          "it. Takes precedence over startingOffsets."),
-    "endingOffsets": ("latest (batch)",
-                      "Batch only: latest or JSON as startingOffsets (-1 = latest; -2 is not "
-                      "allowed); exclusive end."),
-    "endingTimestamp": ("none",
-                        "Batch only: epoch ms; each queue ends before its first message stored "
-                        "at or after it. Takes precedence over endingOffsets."),
-    "consumeFromWhere": ("CONSUME_FROM_LAST_OFFSET",
-                         "Start of queues the group has no progress on (startingOffsets=group): "
-                         "CONSUME_FROM_LAST_OFFSET, CONSUME_FROM_FIRST_OFFSET or "
-                         "CONSUME_FROM_TIMESTAMP."),
-    "consumeTimestamp": ("30 minutes before the options are parsed",
-                         "yyyyMMddHHmmss in local time, for CONSUME_FROM_TIMESTAMP."),
-    "maxMessagesPerTrigger": ("none",
-                              "Streaming only: at most this many messages per micro-batch, shared "
-                              "by backlog across queues."),
-    "maxOffsetsPerTrigger": ("none", "Alias of maxMessagesPerTrigger (give only one)."),
-    "maxBytesPerTrigger": ("none",
-                           "Streaming only: at most this many CommitLog bytes of whole messages "
-                           "per micro-batch, shared by backlog across queues; a single message "
-                           "larger than the limit is read alone."),
-    "minMessagesPerTrigger": ("none",
-                              "Streaming only: wait until this many messages are available, but "
-                              "never longer than maxTriggerDelay (Trigger.AvailableNow never waits); "
-                              "maxMessagesPerTrigger and maxBytesPerTrigger still cap the batch."),
-    "maxTriggerDelay": ("15m",
-                        "Streaming only, with minMessagesPerTrigger: longest wait, a duration like "
-                        "500ms, 30s, 15m, 1h, 1d."),
-    "allocateStrategy": ("AVG",
-                         "How queues are spread over consumer slots: AVG, AVG_BY_CIRCLE, CONFIG, "
-                         "MACHINE_ROOM, MACHINE_ROOM_NEARBY, CONSISTENT_HASH (case-insensitive) "
-                         "or package.module:Class."),
-    "allocateQueues": ("none", 'CONFIG only (required): JSON {"topic":{"broker":[queueIds]}}.'),
-    "consumeRooms": ("none", "MACHINE_ROOM only (required): comma-separated machine rooms."),
-    "nearbyInnerStrategy": ("none",
-                            "MACHINE_ROOM_NEARBY only (required): AVG, AVG_BY_CIRCLE, "
-                            "CONSISTENT_HASH or package.module:Class."),
-    "virtualNodeCount": ("10",
-                         "CONSISTENT_HASH (or MACHINE_ROOM_NEARBY with inner CONSISTENT_HASH): "
-                         "virtual nodes per consumer slot."),
-    "numPartitions": ("one per queue", "Consumer slots, i.e. Spark tasks per (micro-)batch."),
-    "orderly": ("true", "true: a queue is read by one task in offset order; false: ranges may split."),
-    "minPartitions": ("none", "orderly=false only: split large ranges to reach at least this many tasks."),
-    "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention, or are gone "
-                               "when a task reads its planned range (a queue's ConsumeQueue "
-                               "removed or shorter than planned, a store removed); false: skip "
-                               "them with a warning giving the range and count."),
-    "offsetStorePath": (f"<first store root>/{DEFAULT_OFFSET_STORE_DIRNAME}",
-                        "With consumerGroup: where the group's committed offsets live "
-                        "(<offsetStorePath>/<brokerName>/consumerOffset.json). Never inside a "
-                        "broker's config/ folder; the broker's own consumerOffset.json is only read."),
-    "lockLeaseMs": ("60000", "orderly=true: broker-side queue lock lease (ms); with consumerGroup "
-                    "also how long a silent member (a killed query) stays in the group."),
-    "clientLockLeaseMs": ("30000", "orderly=true: client-side lock lease (ms); < lockLeaseMs."),
-    "lockRenewIntervalMs": ("20000", "orderly=true or consumerGroup: lock renewal and member "
-                            "heartbeat interval (ms); < clientLockLeaseMs."),
-    "clientId": ("generated: rmq_source-<host>-<pid>-<random>",
-                 "Consumer id of this query (lock owner, slot ids); text before the first @ is "
-                 "its machine room. Characters [A-Za-z0-9_.:@#%|-]."),
-    "verifyCrc": ("false", "Verify each record's BODYCRC while reading."),
-    "batchRows": ("65536", "Most rows per Arrow batch."),
-    "batchBytes": (str(64 << 20), "Most body bytes per Arrow batch (at least one row is always read); "
-                                  f"at most {MAX_BATCH_BYTES} (2^31-1, the C core's limit)."),
-}
 
 _ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
 _CANONICAL = {name.lower(): name for name in OPTION_DOCS}
@@ -170,14 +65,6 @@ _STREAMING_ONLY = ("maxMessagesPerTrigger", "maxOffsetsPerTrigger", "maxBytesPer
 _BATCH_ONLY = ("endingOffsets", "endingTimestamp")
 _ALLOCATE_PARAMS = ("allocateQueues", "consumeRooms", "nearbyInnerStrategy", "virtualNodeCount")
 _LOCK_OPTIONS = ("lockLeaseMs", "clientLockLeaseMs", "lockRenewIntervalMs")
-
-_NAME_RE = re.compile(r"[%|a-zA-Z0-9_-]+")          # RocketMQ topic/group characters
-_CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_.:@#%|-]+")
-_INT_RE = re.compile(r"-?[0-9]+")
-_QUEUE_ID_RE = re.compile(r"[0-9]+")
-_DURATION_RE = re.compile(r"([0-9]+)\s*(ms|s|m|min|h|d)")
-_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-_CLASS_SPEC_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 # ------------------------------------------------------------------------------------------
@@ -242,186 +129,6 @@ class SourceOptions:
 
 
 # ------------------------------------------------------------------------------------------
-# Helpers: every failure names the option, the value and what is valid
-# ------------------------------------------------------------------------------------------
-
-def _fail(name: str, value: Any, valid: str) -> RmqOptionError:
-    return RmqOptionError(f"option {name}: invalid value {value!r}; {valid}")
-
-
-def _int(name: str, value: str, *, minimum: int, maximum: int = INT64_MAX) -> int:
-    text = value.strip()
-    if not _INT_RE.fullmatch(text):
-        raise _fail(name, value, f"expected an integer in [{minimum}, {maximum}] (digits only)")
-    number = int(text)
-    if not minimum <= number <= maximum:
-        raise _fail(name, value, f"expected an integer in [{minimum}, {maximum}]")
-    return number
-
-
-def _bool(name: str, value: str) -> bool:
-    text = value.strip().lower()
-    if text not in ("true", "false"):
-        raise _fail(name, value, "expected true or false")
-    return text == "true"
-
-
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    text = value.strip().upper()
-    if text not in choices:
-        raise _fail(name, value, "expected one of " + ", ".join(choices))
-    return text
-
-
-def _duration_ms(name: str, value: str) -> int:
-    m = _DURATION_RE.fullmatch(value.strip().lower())
-    if not m or int(m.group(1)) == 0:
-        raise _fail(name, value, "expected a positive duration: an integer with unit ms, s, m, h "
-                                 "or d (e.g. 500ms, 30s, 15m, 1h)")
-    ms = int(m.group(1)) * _DURATION_MS[m.group(2)]
-    if ms > INT64_MAX:
-        raise _fail(name, value, f"expected a positive duration of at most {INT64_MAX} ms")
-    return ms
-
-
-def _comma_list(name: str, value: str, *, pattern: re.Pattern | None, what: str) -> tuple[str, ...]:
-    items = [item.strip() for item in value.split(",")]
-    if not value.strip() or any(not item for item in items):
-        raise _fail(name, value, f"expected a comma-separated list of {what} without empty entries")
-    for item in items:
-        if pattern is not None and not pattern.fullmatch(item):
-            raise _fail(name, value, f"{what} {item!r} has characters outside "
-                                     f"{pattern.pattern}")
-    dupes = sorted({item for item in items if items.count(item) > 1})
-    if dupes:
-        raise _fail(name, value, f"{what} listed more than once: {', '.join(dupes)}")
-    return tuple(items)
-
-
-def _topic_name(name: str, value: str, topic: Any) -> str:
-    if not isinstance(topic, str) or not _NAME_RE.fullmatch(topic):
-        raise _fail(name, value, f"topic {topic!r} is not a topic name (characters "
-                                 "[%|a-zA-Z0-9_-], non-empty)")
-    return topic
-
-
-def _json_object(name: str, value: str, shape: str) -> dict:
-    def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        dupes = sorted({k for k in keys if keys.count(k) > 1})
-        if dupes:
-            raise _fail(name, value, f"JSON key(s) given twice: {', '.join(dupes)}; expected {shape}")
-        return dict(pairs)
-    try:
-        obj = json.loads(value, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise _fail(name, value, f"not valid JSON ({exc.msg} at position {exc.pos}); "
-                                 f"expected {shape}") from None
-    if not isinstance(obj, dict) or not obj:
-        raise _fail(name, value, f"expected a non-empty JSON object {shape}")
-    return obj
-
-
-def _check_broker(name: str, value: str, broker: str, brokers: Mapping[str, str]) -> None:
-    """``broker`` must be configured; with namesrvAddr (no brokers configured: the cluster's come
-    from its NameServers at query start) only its name is checked here."""
-    if not brokers:
-        if not BROKER_NAME_RE.fullmatch(broker):
-            raise _fail(name, value, f"broker name {broker!r} has characters outside "
-                                     "[A-Za-z0-9_%|@.-] or starts with '.'")
-        return
-    if broker not in brokers:
-        raise _fail(name, value, f"broker {broker!r} is not configured; configured brokers: "
-                                 f"{', '.join(brokers)}")
-
-
-def _parse_queue_json(name: str, value: str, brokers: Mapping[str, str]
-                      ) -> dict[str, dict[str, tuple[int, ...]]]:
-    """``{"topic":{"broker":[queueIds]}}`` -> the same as dict of tuples (order kept)."""
-    shape = '{"topic":{"broker":[queueIds]}}'
-    out: dict[str, dict[str, tuple[int, ...]]] = {}
-    for topic, by_broker in _json_object(name, value, shape).items():
-        _topic_name(name, value, topic)
-        if not isinstance(by_broker, dict) or not by_broker:
-            raise _fail(name, value, f"topic {topic!r} must map to a non-empty object; expected {shape}")
-        out[topic] = {}
-        for broker, qids in by_broker.items():
-            _check_broker(name, value, broker, brokers)
-            if not isinstance(qids, list) or not qids:
-                raise _fail(name, value, f"{topic}/{broker} must map to a non-empty list of queue "
-                                         f"ids; expected {shape}")
-            for qid in qids:
-                if isinstance(qid, bool) or not isinstance(qid, int) or not 0 <= qid < (1 << 31):
-                    raise _fail(name, value, f"queue id {qid!r} of {topic}/{broker} is not an "
-                                             "integer in [0, 2147483647]")
-            if len(set(qids)) != len(qids):
-                raise _fail(name, value, f"{topic}/{broker} lists a queue id more than once")
-            out[topic][broker] = tuple(qids)
-    return out
-
-
-def _parse_offsets_json(name: str, value: str, brokers: Mapping[str, str], *, allow_earliest: bool,
-                        allow_latest: bool) -> dict[MessageQueue, int]:
-    shape = '{"topic":{"broker":{"queueId":offset}}}'
-    lowest = JSON_EARLIEST if allow_earliest else (JSON_LATEST if allow_latest else 0)
-    valid = f"offsets must be integers >= {lowest}"
-    if allow_earliest:
-        valid += " (-2 = earliest" + (", -1 = latest)" if allow_latest else ")")
-    elif allow_latest:
-        valid += " (-1 = latest)"
-    out: dict[MessageQueue, int] = {}
-    for topic, by_broker in _json_object(name, value, shape).items():
-        _topic_name(name, value, topic)
-        if not isinstance(by_broker, dict) or not by_broker:
-            raise _fail(name, value, f"topic {topic!r} must map to a non-empty object; expected {shape}")
-        for broker, by_queue in by_broker.items():
-            _check_broker(name, value, broker, brokers)
-            if not isinstance(by_queue, dict) or not by_queue:
-                raise _fail(name, value, f"{topic}/{broker} must map to a non-empty object of "
-                                         f"queueId: offset; expected {shape}")
-            for qid_text, offset in by_queue.items():
-                if not _QUEUE_ID_RE.fullmatch(qid_text) or int(qid_text) >= (1 << 31):
-                    raise _fail(name, value, f"queue id {qid_text!r} of {topic}/{broker} is not an "
-                                             "integer in [0, 2147483647]")
-                if isinstance(offset, bool) or not isinstance(offset, int):
-                    raise _fail(name, value, f"offset {offset!r} of {topic}/{broker}/{qid_text} is "
-                                             f"not an integer; {valid}")
-                if offset == JSON_LATEST and not allow_latest:
-                    raise _fail(name, value, f"offset -1 (latest) of {topic}/{broker}/{qid_text} is "
-                                             f"not allowed here; {valid}")
-                if offset < lowest:
-                    raise _fail(name, value, f"offset {offset} of {topic}/{broker}/{qid_text}; {valid}")
-                if offset > MAX_QUEUE_OFFSET:
-                    raise _fail(name, value, f"offset {offset} of {topic}/{broker}/{qid_text} is above "
-                                             f"the largest queue offset {MAX_QUEUE_OFFSET} (a unit's "
-                                             "ConsumeQueue address, offset * 20, is a 64-bit integer)")
-                mq = MessageQueue(topic, broker, int(qid_text))
-                if mq in out:
-                    raise _fail(name, value, f"queue {topic}/{broker}/{int(qid_text)} is listed twice")
-                out[mq] = offset
-    return out
-
-
-def _consume_timestamp_ms(name: str, value: str) -> int:
-    text = value.strip()
-    try:
-        if not re.fullmatch(r"[0-9]{14}", text):
-            raise ValueError
-        moment = datetime(int(text[0:4]), int(text[4:6]), int(text[6:8]), int(text[8:10]),
-                          int(text[10:12]), int(text[12:14]))
-    except ValueError:
-        raise _fail(name, value, "expected yyyyMMddHHmmss (14 digits, a real local date and "
-                                 "time), e.g. 20240131235959") from None
-    return int(time.mktime(moment.timetuple())) * 1000
-
-
-def default_client_id() -> str:
-    """A client id unique to this process and call: ``rmq_source-<host>-<pid>-<random>``."""
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
-    return f"rmq_source-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-# ------------------------------------------------------------------------------------------
 # parse_options
 # ------------------------------------------------------------------------------------------
 
@@ -445,18 +152,6 @@ def _normalise(options: Mapping[str, str]) -> dict[str, str]:
                                  "be strings")
         out[canonical] = value
     return out
-
-
-def parse_namesrv_addr(value: str) -> tuple[str, ...]:
-    """``host:port;host:port`` -> the addresses, in the order they are tried."""
-    addrs = tuple(a.strip() for a in str(value).split(";") if a.strip())
-    for a in addrs:
-        host, _, port = a.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise _fail("namesrvAddr", value, f"{a!r} is not host:port; expected host:port[;host:port...]")
-    if not addrs:
-        raise _fail("namesrvAddr", value, "expected host:port[;host:port...]")
-    return addrs
 
 
 def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
@@ -492,20 +187,20 @@ def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
             broker, sep, path = entry.partition("=")
             broker, path = broker.strip(), path.strip()
             if not sep or not broker or not path:
-                raise _fail("brokers", value, f"entry {entry!r} is not name=path; {shape}")
+                raise fail("brokers", value, f"entry {entry!r} is not name=path; {shape}")
             if not BROKER_NAME_RE.fullmatch(broker):
-                raise _fail("brokers", value, f"broker name {broker!r} has characters outside "
+                raise fail("brokers", value, f"broker name {broker!r} has characters outside "
                                               f"[A-Za-z0-9_%|@.-] or starts with '.'; {shape}")
             if broker in brokers:
-                raise _fail("brokers", value, f"broker name {broker!r} given twice; {shape}")
+                raise fail("brokers", value, f"broker name {broker!r} given twice; {shape}")
             brokers[broker] = path
     elif "storePath" in opts:
         value = opts["storePath"]
         if not value:
-            raise _fail("storePath", value, "expected the root directory of a broker store")
+            raise fail("storePath", value, "expected the root directory of a broker store")
         broker = opts.get("brokerName", DEFAULT_BROKER_NAME)
         if not BROKER_NAME_RE.fullmatch(broker):
-            raise _fail("brokerName", broker, "expected a broker name of characters "
+            raise fail("brokerName", broker, "expected a broker name of characters "
                                               "[A-Za-z0-9_%|@.-], not starting with '.'")
         brokers = {broker: value}
     else:
@@ -521,7 +216,7 @@ def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
                                       "not a directory; expected the broker's storePathRootDir")
         real = os.path.realpath(absolute)
         if real in seen:
-            raise _fail(option, opts[option], f"brokers {seen[real]!r} and {broker!r} name the same "
+            raise fail(option, opts[option], f"brokers {seen[real]!r} and {broker!r} name the same "
                                               "store; each store must be listed once")
         seen[real] = broker
         brokers[broker] = absolute
@@ -548,7 +243,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
 
     namesrv_addrs = _parse_namesrv(opts)
     brokers = {} if namesrv_addrs else _parse_brokers(opts)
-    request_timeout_ms = (_int("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
+    request_timeout_ms = (int_option("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
                                maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
 
     # What to read
@@ -558,34 +253,34 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         raise RmqOptionError(f"exactly one of topic, topicPattern, assign is required ({detail})")
     topics = topic_pattern = assign = None
     if "topic" in opts:
-        topics = _comma_list("topic", opts["topic"], pattern=_NAME_RE, what="topic")
+        topics = comma_list("topic", opts["topic"], pattern=NAME_RE, what="topic")
     elif "topicPattern" in opts:
         value = opts["topicPattern"]
         if not value:
-            raise _fail("topicPattern", value, "expected a non-empty Python regular expression")
+            raise fail("topicPattern", value, "expected a non-empty Python regular expression")
         try:
             topic_pattern = re.compile(value)
         except re.error as exc:
-            raise _fail("topicPattern", value, f"not a valid Python regular expression ({exc})") from None
+            raise fail("topicPattern", value, f"not a valid Python regular expression ({exc})") from None
     else:
-        assign = _parse_queue_json("assign", opts["assign"], brokers)
+        assign = parse_queue_json("assign", opts["assign"], brokers)
 
     def check_read(name: str, value: str, mqs) -> None:
         for mq in mqs:
             if topics is not None and mq.topic not in topics:
-                raise _fail(name, value, f"topic {mq.topic!r} is not read by this query "
+                raise fail(name, value, f"topic {mq.topic!r} is not read by this query "
                                          f"(topic={','.join(topics)})")
             if topic_pattern is not None and not topic_pattern.fullmatch(mq.topic):
-                raise _fail(name, value, f"topic {mq.topic!r} does not match topicPattern "
+                raise fail(name, value, f"topic {mq.topic!r} does not match topicPattern "
                                          f"{topic_pattern.pattern!r}")
             if assign is not None and mq.queue_id not in assign.get(mq.topic, {}).get(mq.broker_name, ()):
-                raise _fail(name, value, f"queue {mq.topic}/{mq.broker_name}/{mq.queue_id} is not "
+                raise fail(name, value, f"queue {mq.topic}/{mq.broker_name}/{mq.queue_id} is not "
                                          "in assign")
 
     expression = opts.get("subExpression", "*")
     subscription = Subscription.parse(expression)
     if not subscription.sub_all and not subscription.tags:
-        raise _fail("subExpression", expression, "expected * or tags separated by || "
+        raise fail("subExpression", expression, "expected * or tags separated by || "
                                                  "(e.g. TagA || TagB); this names no tag")
 
     group = None
@@ -593,7 +288,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         try:
             group = check_group(opts["consumerGroup"])
         except RmqOptionError as exc:
-            raise _fail("consumerGroup", opts["consumerGroup"], str(exc)) from None
+            raise fail("consumerGroup", opts["consumerGroup"], str(exc)) from None
 
     # Where to start and end
     start_valid = ("expected earliest, latest, group or JSON {\"topic\":{\"broker\":{\"queueId\":"
@@ -605,17 +300,17 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         word = value.strip().lower()
         if word in (EARLIEST, LATEST, GROUP):
             if word == LATEST and not streaming:
-                raise _fail("startingOffsets", value, "latest is not allowed for batch queries; "
+                raise fail("startingOffsets", value, "latest is not allowed for batch queries; "
                                                       + start_valid)
             if word == GROUP and group is None:
-                raise _fail("startingOffsets", value, "group needs option consumerGroup")
+                raise fail("startingOffsets", value, "group needs option consumerGroup")
             starting_offsets: Any = word
         elif value.lstrip().startswith("{"):
-            starting_offsets = _parse_offsets_json("startingOffsets", value, brokers,
+            starting_offsets = parse_offsets_json("startingOffsets", value, brokers,
                                                    allow_earliest=True, allow_latest=streaming)
             check_read("startingOffsets", value, starting_offsets)
         else:
-            raise _fail("startingOffsets", value, start_valid)
+            raise fail("startingOffsets", value, start_valid)
     elif streaming:
         starting_offsets = GROUP if group is not None else LATEST
     else:
@@ -630,11 +325,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             if word == LATEST:
                 ending_offsets = LATEST
             elif value.lstrip().startswith("{"):
-                ending_offsets = _parse_offsets_json("endingOffsets", value, brokers,
+                ending_offsets = parse_offsets_json("endingOffsets", value, brokers,
                                                      allow_earliest=False, allow_latest=True)
                 check_read("endingOffsets", value, ending_offsets)
             else:
-                raise _fail("endingOffsets", value, "expected latest or JSON "
+                raise fail("endingOffsets", value, "expected latest or JSON "
                             "{\"topic\":{\"broker\":{\"queueId\":offset}}} with offsets >= 0 or -1 "
                             "(latest); earliest is not allowed as an end")
         if isinstance(starting_offsets, dict) and isinstance(ending_offsets, dict):
@@ -648,9 +343,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
 
     starting_timestamp = ending_timestamp = None
     if "startingTimestamp" in opts:
-        starting_timestamp = _int("startingTimestamp", opts["startingTimestamp"], minimum=0)
+        starting_timestamp = int_option("startingTimestamp", opts["startingTimestamp"], minimum=0)
     if "endingTimestamp" in opts:
-        ending_timestamp = _int("endingTimestamp", opts["endingTimestamp"], minimum=0)
+        ending_timestamp = int_option("endingTimestamp", opts["endingTimestamp"], minimum=0)
         if starting_timestamp is not None and ending_timestamp < starting_timestamp:
             raise RmqOptionError(f"options startingTimestamp={starting_timestamp} and "
                                  f"endingTimestamp={ending_timestamp}: the end must be >= the start")
@@ -666,10 +361,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                 f"consumer group has no progress on); here startingOffsets is "
                 f"{starting_offsets if isinstance(starting_offsets, str) else 'JSON'}")
     if "consumeFromWhere" in opts:
-        consume_from_where = _choice("consumeFromWhere", opts["consumeFromWhere"], CONSUME_FROM_WHERE)
+        consume_from_where = choice("consumeFromWhere", opts["consumeFromWhere"], CONSUME_FROM_WHERE)
     if consume_from_where == "CONSUME_FROM_TIMESTAMP":
         if "consumeTimestamp" in opts:
-            consume_timestamp = _consume_timestamp_ms("consumeTimestamp", opts["consumeTimestamp"])
+            consume_timestamp = consume_timestamp_ms("consumeTimestamp", opts["consumeTimestamp"])
         else:
             now = int(time.time() * 1000) if now_ms is None else now_ms
             # RocketMQ formats "now - 30 min" as yyyyMMddHHmmss: whole seconds.
@@ -687,10 +382,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     max_messages = None
     for name in ("maxMessagesPerTrigger", "maxOffsetsPerTrigger"):
         if name in opts:
-            max_messages = _int(name, opts[name], minimum=1)
-    max_bytes = (_int("maxBytesPerTrigger", opts["maxBytesPerTrigger"], minimum=1)
+            max_messages = int_option(name, opts[name], minimum=1)
+    max_bytes = (int_option("maxBytesPerTrigger", opts["maxBytesPerTrigger"], minimum=1)
                  if "maxBytesPerTrigger" in opts else None)
-    min_messages = (_int("minMessagesPerTrigger", opts["minMessagesPerTrigger"], minimum=1)
+    min_messages = (int_option("minMessagesPerTrigger", opts["minMessagesPerTrigger"], minimum=1)
                     if "minMessagesPerTrigger" in opts else None)
     if min_messages is not None and max_messages is not None and min_messages > max_messages:
         raise RmqOptionError(f"options minMessagesPerTrigger={min_messages} and maxMessagesPerTrigger"
@@ -698,16 +393,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     if "maxTriggerDelay" in opts and min_messages is None:
         raise RmqOptionError(f"option maxTriggerDelay={opts['maxTriggerDelay']!r} only applies with "
                              "minMessagesPerTrigger")
-    max_trigger_delay_ms = _duration_ms("maxTriggerDelay", opts.get("maxTriggerDelay", "15m"))
+    max_trigger_delay_ms = duration_ms("maxTriggerDelay", opts.get("maxTriggerDelay", "15m"))
 
     # Allocation
     strategy_text = opts.get("allocateStrategy", "AVG").strip()
     if strategy_text.upper() in ALLOCATE_STRATEGIES:
         strategy = strategy_text.upper()
-    elif _CLASS_SPEC_RE.fullmatch(strategy_text):
+    elif CLASS_SPEC_RE.fullmatch(strategy_text):
         strategy = strategy_text
     else:
-        raise _fail("allocateStrategy", opts.get("allocateStrategy"),
+        raise fail("allocateStrategy", opts.get("allocateStrategy"),
                     "expected one of " + ", ".join(ALLOCATE_STRATEGIES)
                     + " (case-insensitive) or package.module:Class")
     inner = None
@@ -715,10 +410,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         inner_text = opts["nearbyInnerStrategy"].strip()
         if inner_text.upper() in NEARBY_INNER_STRATEGIES:
             inner = inner_text.upper()
-        elif _CLASS_SPEC_RE.fullmatch(inner_text):
+        elif CLASS_SPEC_RE.fullmatch(inner_text):
             inner = inner_text
         else:
-            raise _fail("nearbyInnerStrategy", opts["nearbyInnerStrategy"],
+            raise fail("nearbyInnerStrategy", opts["nearbyInnerStrategy"],
                         "expected one of " + ", ".join(NEARBY_INNER_STRATEGIES)
                         + " (case-insensitive) or package.module:Class")
     uses = {
@@ -740,28 +435,28 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                              + OPTION_DOCS[required][1])
     allocate_queues = None
     if "allocateQueues" in opts:
-        table = _parse_queue_json("allocateQueues", opts["allocateQueues"], brokers)
+        table = parse_queue_json("allocateQueues", opts["allocateQueues"], brokers)
         allocate_queues = tuple(MessageQueue(t, b, q) for t, by_b in table.items()
                                 for b, qids in by_b.items() for q in qids)
         check_read("allocateQueues", opts["allocateQueues"], allocate_queues)
-    consume_rooms = (_comma_list("consumeRooms", opts["consumeRooms"], pattern=None,
+    consume_rooms = (comma_list("consumeRooms", opts["consumeRooms"], pattern=None,
                                  what="machine room") if "consumeRooms" in opts else None)
     virtual_node_count = None
     if "virtualNodeCount" in uses:
-        virtual_node_count = _int("virtualNodeCount", opts.get("virtualNodeCount", "10"), minimum=1,
+        virtual_node_count = int_option("virtualNodeCount", opts.get("virtualNodeCount", "10"), minimum=1,
                                   maximum=(1 << 31) - 1)
 
     # Tasks
-    num_partitions = (_int("numPartitions", opts["numPartitions"], minimum=1, maximum=(1 << 31) - 1)
+    num_partitions = (int_option("numPartitions", opts["numPartitions"], minimum=1, maximum=(1 << 31) - 1)
                       if "numPartitions" in opts else None)
-    orderly = _bool("orderly", opts["orderly"]) if "orderly" in opts else True
+    orderly = bool_option("orderly", opts["orderly"]) if "orderly" in opts else True
     min_partitions = None
     if "minPartitions" in opts:
         if orderly:
             raise RmqOptionError(f"option minPartitions={opts['minPartitions']!r} only applies with "
                                  "orderly=false (ordered reading never splits a queue's range)")
-        min_partitions = _int("minPartitions", opts["minPartitions"], minimum=1, maximum=(1 << 31) - 1)
-    fail_on_data_loss = _bool("failOnDataLoss", opts["failOnDataLoss"]) if "failOnDataLoss" in opts else True
+        min_partitions = int_option("minPartitions", opts["minPartitions"], minimum=1, maximum=(1 << 31) - 1)
+    fail_on_data_loss = bool_option("failOnDataLoss", opts["failOnDataLoss"]) if "failOnDataLoss" in opts else True
 
     # Offset store
     offset_store_path = None
@@ -770,7 +465,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             raise RmqOptionError(f"option offsetStorePath={opts['offsetStorePath']!r} only applies "
                                  "with consumerGroup")
         if not opts["offsetStorePath"]:
-            raise _fail("offsetStorePath", opts["offsetStorePath"], "expected a directory path")
+            raise fail("offsetStorePath", opts["offsetStorePath"], "expected a directory path")
         offset_store_path = os.path.abspath(opts["offsetStorePath"])
     elif group is not None and brokers:
         offset_store_path = default_offset_store_path(brokers)
@@ -783,7 +478,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         if name in opts and not orderly and group is None:
             raise RmqOptionError(f"option {name}={opts[name]!r} only applies with orderly=true or "
                                  "consumerGroup")
-        lock_values[name] = _int(name, opts[name], minimum=1) if name in opts else default
+        lock_values[name] = int_option(name, opts[name], minimum=1) if name in opts else default
     if not (lock_values["lockRenewIntervalMs"] < lock_values["clientLockLeaseMs"]
             < lock_values["lockLeaseMs"]):
         raise RmqOptionError(
@@ -792,17 +487,17 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             + ", ".join(f"{n}={v}" for n, v in lock_values.items()))
     if "clientId" in opts:
         client_id = opts["clientId"]
-        if not _CLIENT_ID_RE.fullmatch(client_id) or len(client_id) > 200:
-            raise _fail("clientId", client_id, "expected 1..200 characters from [A-Za-z0-9_.:@#%|-]")
+        if not CLIENT_ID_RE.fullmatch(client_id) or len(client_id) > 200:
+            raise fail("clientId", client_id, "expected 1..200 characters from [A-Za-z0-9_.:@#%|-]")
     else:
         client_id = default_client_id()
 
     # Reading
-    verify_crc = _bool("verifyCrc", opts["verifyCrc"]) if "verifyCrc" in opts else False
-    batch_rows = _int("batchRows", opts["batchRows"], minimum=1, maximum=(1 << 31) - 1) \
+    verify_crc = bool_option("verifyCrc", opts["verifyCrc"]) if "verifyCrc" in opts else False
+    batch_rows = int_option("batchRows", opts["batchRows"], minimum=1, maximum=(1 << 31) - 1) \
         if "batchRows" in opts else 65536
     # the C core's limit (Arrow int32 offsets): checked here, once, not in every task
-    batch_bytes = (_int("batchBytes", opts["batchBytes"], minimum=1, maximum=MAX_BATCH_BYTES)
+    batch_bytes = (int_option("batchBytes", opts["batchBytes"], minimum=1, maximum=MAX_BATCH_BYTES)
                    if "batchBytes" in opts else 64 << 20)
 
     return SourceOptions(
@@ -822,11 +517,3 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
     )
-
-
-def options_markdown() -> str:
-    """:data:`OPTION_DOCS` as a Markdown table (option, default, meaning)."""
-    lines = ["| option | default | meaning |", "|---|---|---|"]
-    for name, (default, text) in OPTION_DOCS.items():
-        lines.append(f"| `{name}` | {default} | {text.replace('|', '&#124;')} |")
-    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""Every option of ``format("rmq")`` with its documented default and meaning
+(:data:`OPTION_DOCS`, canonical names), and the table of docs/options.md
+(:func:`options_markdown`)."""
+from __future__ import annotations
+
+from rmq_source.group.offset_store import DEFAULT_OFFSET_STORE_DIRNAME
+from rmq_source.store.native import MAX_BATCH_BYTES
+
+ALLOCATE_STRATEGIES = ("AVG", "AVG_BY_CIRCLE", "CONFIG", "MACHINE_ROOM", "MACHINE_ROOM_NEARBY",
+                       "CONSISTENT_HASH")
+NEARBY_INNER_STRATEGIES = ("AVG", "AVG_BY_CIRCLE", "CONSISTENT_HASH")
+CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
+                      "CONSUME_FROM_TIMESTAMP")
+DEFAULT_BROKER_NAME = "broker-a"
+DEFAULT_CONSUME_TIMESTAMP_AGO_MS = 30 * 60 * 1000
+
+# Option name -> (default as documented, description). Keys are the canonical spellings.
+OPTION_DOCS: dict[str, tuple[str, str]] = {
+    "namesrvAddr": ("none",
+                    "Read a live cluster: its NameServers, host:port;host:port (as RocketMQ clients "
+                    "take it). Exclusive with storePath/brokers/brokerName."),
+    "requestTimeoutMs": ("10000", "With namesrvAddr: timeout of one request to a NameServer or "
+                                  "broker, in ms."),
+    "storePath": ("required unless brokers or namesrvAddr",
+                  "Root directory of one broker's store (the folder holding commitlog/, "
+                  "consumequeue/ and config/)."),
+    "path": ("none", "Set by Spark's load(path); the same as storePath (if both are given they "
+                     "must be equal)."),
+    "brokers": ("none",
+                "Several stores: brokerA=/path/a,brokerB=/path/b (unique names, one store each; "
+                "paths cannot contain ','). Exclusive with storePath/brokerName."),
+    "brokerName": (DEFAULT_BROKER_NAME,
+                   "Broker name of storePath (part of every MessageQueue and of offsets JSON)."),
+    "topic": ("none", "Comma-separated topics to read. Exactly one of topic, topicPattern, assign."),
+    "topicPattern": ("none",
+                     "Python regular expression matched against the whole name of every topic in "
+                     "the stores; while streaming, new matching topics and queues are picked up "
+                     "from their earliest offset."),
+    "assign": ("none", 'Exact queues as JSON {"topic":{"broker":[queueIds]}}.'),
+    "subExpression": ("*", "RocketMQ tag expression: * (all) or TagA || TagB."),
+    "consumerGroup": ("none",
+                      "Consumer group whose progress is read (startingOffsets=group) and "
+                      "committed. Characters [%|a-zA-Z0-9_-]."),
+    "startingOffsets": ("streaming: group with consumerGroup, else latest; batch: earliest",
+                        'earliest, latest (streaming only), group (needs consumerGroup), or JSON '
+                        '{"topic":{"broker":{"queueId":offset}}} with -2 = earliest, -1 = latest '
+                        '(-1 streaming only). JSON must list every queue the query reads.'),
+    "startingTimestamp": ("none",
+                          "Epoch ms; each queue starts at its first message stored at or after "
+                          "it. Takes precedence over startingOffsets."),
+    "endingOffsets": ("latest (batch)",
+                      "Batch only: latest or JSON as startingOffsets (-1 = latest; -2 is not "
+                      "allowed); exclusive end."),
+    "endingTimestamp": ("none",
+                        "Batch only: epoch ms; each queue ends before its first message stored "
+                        "at or after it. Takes precedence over endingOffsets."),
+    "consumeFromWhere": ("CONSUME_FROM_LAST_OFFSET",
+                         "Start of queues the group has no progress on (startingOffsets=group): "
+                         "CONSUME_FROM_LAST_OFFSET, CONSUME_FROM_FIRST_OFFSET or "
+                         "CONSUME_FROM_TIMESTAMP."),
+    "consumeTimestamp": ("30 minutes before the options are parsed",
+                         "yyyyMMddHHmmss in local time, for CONSUME_FROM_TIMESTAMP."),
+    "maxMessagesPerTrigger": ("none",
+                              "Streaming only: at most this many messages per micro-batch, shared "
+                              "by backlog across queues."),
+    "maxOffsetsPerTrigger": ("none", "Alias of maxMessagesPerTrigger (give only one)."),
+    "maxBytesPerTrigger": ("none",
+                           "Streaming only: at most this many CommitLog bytes of whole messages "
+                           "per micro-batch, shared by backlog across queues; a single message "
+                           "larger than the limit is read alone."),
+    "minMessagesPerTrigger": ("none",
+                              "Streaming only: wait until this many messages are available, but "
+                              "never longer than maxTriggerDelay (Trigger.AvailableNow never waits); "
+                              "maxMessagesPerTrigger and maxBytesPerTrigger still cap the batch."),
+    "maxTriggerDelay": ("15m",
+                        "Streaming only, with minMessagesPerTrigger: longest wait, a duration like "
+                        "500ms, 30s, 15m, 1h, 1d."),
+    "allocateStrategy": ("AVG",
+                         "How queues are spread over consumer slots: AVG, AVG_BY_CIRCLE, CONFIG, "
+                         "MACHINE_ROOM, MACHINE_ROOM_NEARBY, CONSISTENT_HASH (case-insensitive) "
+                         "or package.module:Class."),
+    "allocateQueues": ("none", 'CONFIG only (required): JSON {"topic":{"broker":[queueIds]}}.'),
+    "consumeRooms": ("none", "MACHINE_ROOM only (required): comma-separated machine rooms."),
+    "nearbyInnerStrategy": ("none",
+                            "MACHINE_ROOM_NEARBY only (required): AVG, AVG_BY_CIRCLE, "
+                            "CONSISTENT_HASH or package.module:Class."),
+    "virtualNodeCount": ("10",
+                         "CONSISTENT_HASH (or MACHINE_ROOM_NEARBY with inner CONSISTENT_HASH): "
+                         "virtual nodes per consumer slot."),
+    "numPartitions": ("one per queue", "Consumer slots, i.e. Spark tasks per (micro-)batch."),
+    "orderly": ("true", "true: a queue is read by one task in offset order; false: ranges may split."),
+    "minPartitions": ("none", "orderly=false only: split large ranges to reach at least this many tasks."),
+    "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention, or are gone "
+                               "when a task reads its planned range (a queue's ConsumeQueue "
+                               "removed or shorter than planned, a store removed); false: skip "
+                               "them with a warning giving the range and count."),
+    "offsetStorePath": (f"<first store root>/{DEFAULT_OFFSET_STORE_DIRNAME}",
+                        "With consumerGroup: where the group's committed offsets live "
+                        "(<offsetStorePath>/<brokerName>/consumerOffset.json). Never inside a "
+                        "broker's config/ folder; the broker's own consumerOffset.json is only read."),
+    "lockLeaseMs": ("60000", "orderly=true: broker-side queue lock lease (ms); with consumerGroup "
+                    "also how long a silent member (a killed query) stays in the group."),
+    "clientLockLeaseMs": ("30000", "orderly=true: client-side lock lease (ms); < lockLeaseMs."),
+    "lockRenewIntervalMs": ("20000", "orderly=true or consumerGroup: lock renewal and member "
+                            "heartbeat interval (ms); < clientLockLeaseMs."),
+    "clientId": ("generated: rmq_source-<host>-<pid>-<random>",
+                 "Consumer id of this query (lock owner, slot ids); text before the first @ is "
+                 "its machine room. Characters [A-Za-z0-9_.:@#%|-]."),
+    "verifyCrc": ("false", "Verify each record's BODYCRC while reading."),
+    "batchRows": ("65536", "Most rows per Arrow batch."),
+    "batchBytes": (str(64 << 20), "Most body bytes per Arrow batch (at least one row is always read); "
+                                  f"at most {MAX_BATCH_BYTES} (2^31-1, the C core's limit)."),
+}
+
+
+def options_markdown() -> str:
+    """:data:`OPTION_DOCS` as a Markdown table (option, default, meaning)."""
+    lines = ["| option | default | meaning |", "|---|---|---|"]
+    for name, (default, text) in OPTION_DOCS.items():
+        lines.append(f"| `{name}` | {default} | {text.replace('|', '&#124;')} |")
+    return "\n".join(lines)
