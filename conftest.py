@@ -291,10 +291,3 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("RocketMQ server logs", f"workdir {cluster.workdir}\n"
                                     + cluster.log_tails()))
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``) every broker test runs in one worker, so the real
-    RocketMQ servers start once per run, not once per worker."""
-    for item in items:
-        if item.get_closest_marker("broker") is not None:
-            item.add_marker(pytest.mark.xdist_group("rocketmq"))

@@ -96,7 +96,7 @@ def resolve_jars(version: str, *, timeout: float = 1500.0) -> Path:
     if (folder / MARKER).is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # test processes running side by side (pytest-xdist workers) download one at a time
+    # test runs or benches started side by side download one at a time
     with open(folder.parent / f".rocketmq-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / MARKER).is_file():
