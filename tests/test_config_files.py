@@ -12,7 +12,7 @@ import pytest
 from conftest import fixture_dir
 
 from rmq_source.store.config_files import (dump_fastjson, load_config_json, parse_fastjson,
-                                     read_consumer_offsets, read_topics, write_config_atomic)
+                                           read_consumer_offsets, read_topics, write_config_atomic)
 from rmq_source.errors import RmqConfigFileError, RmqSourceError
 
 

@@ -20,7 +20,7 @@ from conftest import fixture_dir, fixtures_root
 from rmq_source.errors import (RmqCorruptStoreError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
 from rmq_source.store.index_file import (DEFAULT_HASH_SLOTS, DEFAULT_INDEX_NUM, IndexFile, find_by_key,
-                                   index_candidates, index_file_paths, index_key_hash)
+                                         index_candidates, index_file_paths, index_key_hash)
 from rmq_source.store.reader import Store
 from rmq_source.subscription import java_string_hash
 from rmq_source.store.writer import StoreWriter

@@ -17,8 +17,9 @@ import pytest
 
 from conftest import require
 from rmq_source.errors import RmqLockError, RmqOptionError
-from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock, QueueLockManager,
-                              find_lock_overlaps, parse_queue_key, queue_key, read_history)
+from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock,
+                                    QueueLockManager,
+                                    find_lock_overlaps, parse_queue_key, queue_key, read_history)
 from rmq_source.group.statefile import CLOCK_SKEW_ALLOWANCE_MS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -323,7 +324,8 @@ def test_check_task_locks_guards_a_spark_partition(tmp_path, holder, age_ms, mat
     if holder:
         mgr.try_lock_batch([q(0), q(1)], holder)
     part = pr.RmqInputPartition(
-        backend=backend, slot="s0", ranges=tuple(pr.RangeSpec("TopicOrder", "broker-a", i, 0, 10) for i in (0, 1)),
+        backend=backend, slot="s0",
+        ranges=tuple(pr.RangeSpec("TopicOrder", "broker-a", i, 0, 10) for i in (0, 1)),
         sub_expression="*", batch_rows=10, batch_bytes=1 << 20, verify_crc=False, fail_on_data_loss=True,
         lock=pr.TaskLock(GROUP, "task-client", 800))
     if match is None:

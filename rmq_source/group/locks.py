@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source import nofollow
 from rmq_source.group.statefile import (JsonStateFile, append_jsonl, check_group, group_state_path,
-                                 group_table_validator, timestamp_problem)
+                                        group_table_validator, timestamp_problem)
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ every 30 s and the broker drops a client silent for 120 s.
 File: ``<state_dir>/<group>.members.json`` = ``{"version": 1, "group": g, "clients": {clientId:
 {"lastHeartbeatMs": ms, "host": hostname, "pid": pid, "options": {name: value}}}}``, updated by
 read-modify-write under an exclusive flock and replaced atomically (:mod:`rmq_source.group.statefile`;
-same multi-process / multi-host caveats as :mod:`rmq_source.group.locks`). Clients no longer live are dropped from the file on each write.
+same multi-process / multi-host caveats as :mod:`rmq_source.group.locks`). Clients no longer live
+are dropped from the file on each write.
 
 ``options`` are the member's options that must agree across the group (RocketMQ requires one
 allocation strategy and one subscription per group): a client whose options differ from a live
@@ -31,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
 from rmq_source.group.statefile import (JsonStateFile, check_group, group_state_path,
-                                 group_table_validator, timestamp_problem)
+                                        group_table_validator, timestamp_problem)
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from typing import Any, Iterable, Mapping
 
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.store.config_files import (TOPIC_GROUP_SEPARATOR, check_group_offset, dump_fastjson,
-                           load_config_json, read_consumer_offsets, write_config_atomic)
+                                           load_config_json, read_consumer_offsets, write_config_atomic)
 from rmq_source import nofollow
 from rmq_source.errors import RmqConfigFileError, RmqOffsetStoreError, RmqOptionError, RmqSourceError
 from rmq_source.group.statefile import check_group, file_lock

@@ -40,7 +40,7 @@ from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqLockError
 from rmq_source.group.membership import GroupMembership
 from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, QueueLockManager, parse_queue_key,
-                    queue_key)
+                                    queue_key)
 from rmq_source.group.offset_store import GroupOffsetStore, ReadOffsetType
 from rmq_source import nofollow
 from rmq_source.group.statefile import append_jsonl, file_lock, group_state_path

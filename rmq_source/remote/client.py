@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from rmq_source.errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
-                      RmqRemotingProtocolError, RmqRemotingTimeoutError)
+                               RmqRemotingProtocolError, RmqRemotingTimeoutError)
 from rmq_source.remote import frames
 from rmq_source.remote.frames import RemotingCommand
 

@@ -10,7 +10,7 @@ import json
 import os
 import socket
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from rmq_source.store import record_codec as rc

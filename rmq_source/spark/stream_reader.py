@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from rmq_source.spark.partition_reader import build_partitions, read_partition
 from rmq_source.spark.planner import QueueRange, plan_tasks, share_limit, unallocated
 from rmq_source.spark.positions import check_data_loss, logged_range_start, starting_offsets
 from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
+
+if TYPE_CHECKING:
+    from rmq_source.group.session import GroupSession
 
 
 log = logging.getLogger(__name__)
@@ -66,7 +70,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
 
     @property
-    def session(self) -> "GroupSession | None":
+    def session(self) -> GroupSession | None:
         """The query's membership in its group, joined on first use (not in every process that
         merely instantiates the reader)."""
         if self._session is None and self.group_store is not None:

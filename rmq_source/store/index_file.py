@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreIOError,
-                     RmqStoreLayoutError)
+                               RmqStoreLayoutError)
 from rmq_source.store.record_codec import MAGIC_V1, MAGIC_V2
 from rmq_source.schema import ARROW_SCHEMA
 from rmq_source.subscription import java_string_hash

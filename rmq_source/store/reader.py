@@ -9,7 +9,8 @@ broker's ``storePathRootDir``). Offsets are ConsumeQueue (logical) offsets:
 * ``max_offset`` is the next offset to be written (one past the last valid unit).
 * Every range is half-open: ``[start, end)``.
 
-The store may be appended to while it is read (by a broker or by :class:`rmq_source.store.writer.StoreWriter`);
+The store may be appended to while it is read (by a broker or by
+:class:`rmq_source.store.writer.StoreWriter`);
 every call re-lists the folders so new files, new queues and deleted files are seen.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pyarrow as pa
 from rmq_source.store import native
 from rmq_source.store.bodies import decompress_bodies
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
-                     RmqUnknownTopicError)
+                               RmqUnknownTopicError)
 from rmq_source.backend import DataLossCallback, QueueInfo, ShortReadCallback
 from rmq_source.schema import ARROW_SCHEMA
 from rmq_source.subscription import Subscription

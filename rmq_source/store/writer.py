@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from rmq_source.store import record_codec as rc
 from rmq_source.store.config_files import dump_fastjson, load_config_json, write_config_atomic
 from rmq_source.errors import (RmqCorruptStoreError, RmqMissingDependencyError, RmqOptionError,
-                     RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError)
+                               RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError)
 from rmq_source.subscription import tags_code
 
 DEFAULT_COMMITLOG_FILE_SIZE = 1 << 30
