@@ -6,9 +6,13 @@ full size, the next file preallocated, a BLANK record when ``record + 8 > remain
 and ``checkpoint``. Readers may read the store while it is written: a record is completely in the
 CommitLog (its MAGIC written last) before its ConsumeQueue unit appears (its size written last).
 
-Reopening a store resumes it as a broker restart would: the CommitLog end and every queue's max
-offset are recovered with the broker's rules (format doc §2.3, §2.4) through :mod:`rmq_source.store.native`;
+Reopening a store resumes it as a broker restart would (:mod:`.writer_recovery`): the CommitLog
+end and every queue's max offset are recovered with the broker's rules (format doc §2.3, §2.4);
 garbage after the valid end is zeroed, records missing from their ConsumeQueue are dispatched again.
+
+This module encodes and appends records and owns the CommitLog; the rest of the writer lives
+beside it: :mod:`.mapped_files` (files and safe publication), :mod:`.cq_dispatch` (ConsumeQueue
+units), :mod:`.writer_topics` (topics.json), :mod:`.writer_recovery`, :mod:`.write_args`.
 
 One writer per store: the writer holds the broker's lock on ``<root>/lock`` (a running broker holds
 the same lock) and marks the store running with ``<root>/abort`` until :meth:`StoreWriter.close`. A
@@ -16,34 +20,27 @@ writer is not thread-safe; use it from one thread.
 """
 from __future__ import annotations
 
-import errno
-import inspect
 import fcntl
-import mmap
+import inspect
 import os
-import re
 import struct
 import time
 import zlib
-from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
+from rmq_source.errors import RmqOptionError, RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError
 from rmq_source.store import record_codec as rc
-from rmq_source.store.config_files import dump_fastjson, load_config_json, write_config_atomic
-from rmq_source.errors import (RmqCorruptStoreError, RmqMissingDependencyError, RmqOptionError,
-                               RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError)
-from rmq_source.subscription import tags_code
+from rmq_source.store.cq_dispatch import ConsumeQueueDispatch, QueueState
+from rmq_source.store.mapped_files import MappedFile, file_name, list_files, publish
+from rmq_source.store.write_args import host, int_arg, validate_topic
+from rmq_source.store.writer_recovery import Recovery
+from rmq_source.store.writer_topics import PERM_WRITE, TopicState, TopicTable
 
 DEFAULT_COMMITLOG_FILE_SIZE = 1 << 30
 DEFAULT_CQ_UNITS_PER_FILE = 300_000
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 CHECKPOINT_SIZE = 4096
-MAX_QUEUES = 65535
-PERM_WRITE = 2
-_FILE_NAME = re.compile(r"^\d{20}$")
-_ZERO_CHUNK = bytes(1 << 20)
 _INT64_MAX = (1 << 63) - 1
 _INT32_MAX = (1 << 31) - 1
 _CHECKPOINT = struct.Struct(">qqq")
@@ -87,159 +84,7 @@ class Message(NamedTuple):
 QueueSelector = Callable[[list, Message, Any], int]
 
 
-# ------------------------------------------------------------------------------------ validation
-
-def _int_arg(name: str, value: Any, lo: int, hi: int) -> int:
-    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RmqOptionError(f"{name} must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise RmqOptionError(f"{name}={value} is out of range [{lo}, {hi}]")
-    return value
-
-
-def validate_topic(topic: Any) -> bytes:
-    """Topic bytes, or :class:`RmqOptionError` unless the name is 1..32767 broker-valid characters
-    (``A-Z a-z 0-9 _ % - |``; names over 127 characters are stored in the V2 record format)."""
-    if not isinstance(topic, str) or not topic:
-        raise RmqOptionError(f"topic must be a non-empty string, got {topic!r}")
-    if len(topic) > rc.MAX_TOPIC_LENGTH:
-        raise RmqOptionError(f"topic is {len(topic)} characters, at most {rc.MAX_TOPIC_LENGTH} allowed")
-    bad = set(topic) - rc.TOPIC_CHARS
-    if bad:
-        raise RmqOptionError(f"topic {topic!r} has invalid characters {sorted(bad)!r}; allowed: "
-                             "A-Z a-z 0-9 _ % - |")
-    return topic.encode("ascii")
-
-
-@lru_cache(maxsize=256)
-def _cached_host(text: str, option: str) -> rc.Host:
-    return rc.parse_host(text, option=option)
-
-
-def _host(text: Any, option: str) -> rc.Host:
-    if type(text) is not str:
-        return rc.parse_host(text, option=option)    # raises the option error
-    return _cached_host(text, option)
-
-
-def _file_name(start: int) -> str:
-    return f"{start:020d}"
-
-
-def _list_files(folder: Path) -> list[tuple[int, Path]]:
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    return sorted((int(n), folder / n) for n in names if _FILE_NAME.match(n))
-
-
-def _data_ranges(fd: int, pos: int, size: int):
-    """(start, end) ranges of ``[pos, size)`` that may hold data; holes of sparse files are skipped
-    with SEEK_DATA/SEEK_HOLE where the file system supports them."""
-    try:
-        while pos < size:
-            try:
-                data = os.lseek(fd, pos, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:   # no data after pos
-                    return
-                raise
-            hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
-            yield data, hole
-            pos = hole
-    except (OSError, AttributeError):
-        yield pos, size
-
-
-def _zero_from(mm: mmap.mmap, fd: int, pos: int) -> None:
-    """Zero every non-zero byte of ``mm`` from ``pos`` on (leftovers of an interrupted write), front
-    to back so a reader never sees a record header ahead of zeros it could mistake for data."""
-    step = len(_ZERO_CHUNK)
-    for start, end in list(_data_ranges(fd, pos, len(mm))):
-        while start < end:
-            n = min(step, end - start)
-            if mm[start:start + n] != _ZERO_CHUNK[:n]:
-                mm[start:start + n] = _ZERO_CHUNK[:n]
-            start += n
-
-
-def _publish(mm: mmap.mmap, pos: int, data: bytes) -> None:
-    """Copy records to ``mm[pos:]`` so that a concurrent reader never sees a valid magic before the
-    bytes it announces: everything after the first 8 bytes, then TOTALSIZE, then MAGIC last."""
-    mm[pos + 8:pos + len(data)] = memoryview(data)[8:]
-    mm[pos:pos + 4] = data[:4]
-    mm[pos + 4:pos + 8] = data[4:8]
-
-
-class _MappedFile:
-    """One full-size mapped file, opened read-write (created sparse and zero-filled when new)."""
-
-    __slots__ = ("path", "start", "size", "fd", "mm")
-
-    def __init__(self, path: Path, start: int, size: int, *, create: bool):
-        self.path, self.start, self.size = path, start, size
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        self.fd = os.open(path, flags, 0o644)
-        try:
-            actual = os.fstat(self.fd).st_size
-            if actual == 0 and create:
-                os.ftruncate(self.fd, size)
-            elif actual != size:
-                raise RmqStoreLayoutError(f"{path}: file is {actual} bytes, expected {size} (every "
-                                          "mapped file of a queue has the same size)")
-            self.mm = mmap.mmap(self.fd, size)
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def close(self) -> None:
-        if self.mm is not None:
-            self.mm.close()
-            self.mm = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class _Queue:
-    """Write state of one ConsumeQueue: ``next_offset`` is the queue offset the next unit gets."""
-
-    __slots__ = ("topic", "queue_id", "folder", "next_offset", "file", "mm", "file_first",
-                 "file_end")
-
-    def __init__(self, topic: str, queue_id: int, folder: Path, next_offset: int):
-        self.topic, self.queue_id, self.folder = topic, queue_id, folder
-        self.next_offset = next_offset
-        self.file: _MappedFile | None = None
-        self.mm: mmap.mmap | None = None
-        self.file_first = 0   # queue offset of the first unit of the mapped file
-        self.file_end = 0     # one past its last unit
-
-
-@dataclass
-class _Topic:
-    name: str
-    raw: bytes
-    read_queues: int
-    write_queues: int
-    perm: int
-    order: bool
-    extra: dict          # fields of an existing topics.json entry we do not manage
-    round_robin: int = 0
-    sized_from_folders: bool = False   # no topics.json entry: queue count taken from the folders
-    queue_list: list = field(default_factory=list)   # queue id -> _Queue (or None), for speed
-
-    def __post_init__(self) -> None:
-        v2 = len(self.raw) > rc.V1_MAX_TOPIC_LENGTH
-        self.magic = rc.MAGIC_V2 if v2 else rc.MAGIC_V1
-        self.magic_bytes = self.magic.to_bytes(4, "big", signed=True)
-        self.len_bytes = len(self.raw).to_bytes(2 if v2 else 1, "big")
-        self.topic_part = self.len_bytes + self.raw              # TOPICLENGTH field + topic
-        self.len_part = len(self.topic_part)
-
-
-class StoreWriter:
+class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
     """Writes a broker store at ``root`` (created if missing; resumed if it holds data).
 
     ``commitlog_file_size`` (bytes) and ``cq_units_per_file`` default to the sizes of the existing
@@ -264,16 +109,16 @@ class StoreWriter:
             raise RmqOptionError(f"properties_style={properties_style!r} must be one of "
                                  f"{', '.join(rc.PROPERTIES_STYLES)}")
         if commitlog_file_size is not None:
-            _int_arg("commitlog_file_size", commitlog_file_size, 128, _INT32_MAX)
+            int_arg("commitlog_file_size", commitlog_file_size, 128, _INT32_MAX)
         if cq_units_per_file is not None:
-            _int_arg("cq_units_per_file", cq_units_per_file, 1, _INT32_MAX // rc.CQ_UNIT_SIZE)
-        self._level = _int_arg("compression_level", compression_level, 0, 22)
-        self._max_message_size = _int_arg("max_message_size", max_message_size, 1, _INT32_MAX)
+            int_arg("cq_units_per_file", cq_units_per_file, 1, _INT32_MAX // rc.CQ_UNIT_SIZE)
+        self._level = int_arg("compression_level", compression_level, 0, 22)
+        self._max_message_size = int_arg("max_message_size", max_message_size, 1, _INT32_MAX)
         self.root = Path(root)
         self.broker_name = broker_name
         self.properties_style = properties_style
-        self.store_host = _host(store_host, "store_host")
-        self.born_host = _host(born_host, "born_host")
+        self.store_host = host(store_host, "store_host")
+        self.born_host = host(born_host, "born_host")
         self._uniq = rc.UniqKeyFactory()
         # TAGS value (None = no tag) -> (tagsCode, PROPERTIESLENGTH + property bytes before the
         # UNIQ_KEY value, PROPERTIESLENGTH) for the default born host
@@ -291,16 +136,16 @@ class StoreWriter:
         self._sys_flag = ((rc.FLAG_BORNHOST_V6 if self.born_host.is_v6 else 0)
                           | (rc.FLAG_STOREHOST_V6 if self.store_host.is_v6 else 0))
         self._fixed_len = 74 + len(self._bh_field) + len(self._sh_field)
-        self._topics: dict[str, _Topic] = {}
-        self._fast_topics: dict[str, _Topic] = {}
-        self._queues: dict[tuple[str, int], _Queue] = {}
+        self._topics: dict[str, TopicState] = {}
+        self._fast_topics: dict[str, TopicState] = {}
+        self._queues: dict[tuple[str, int], QueueState] = {}
         self._other_topics: dict[str, dict] = {}
         self._data_version: dict = {}
         self._topics_dirty = False
         self._last_store_ts = 0
         self._last_dispatch_ts = 0
-        self._cl: _MappedFile | None = None
-        self._next_cl: _MappedFile | None = None
+        self._cl: MappedFile | None = None
+        self._next_cl: MappedFile | None = None
         self._pos = 0
         self._lock_fd = -1
         self._closed = True
@@ -355,7 +200,7 @@ class StoreWriter:
             _locked_roots.discard(self._real_root)
 
     def _infer_commitlog_size(self, given: int | None) -> int:
-        files = _list_files(self._commitlog_dir)
+        files = list_files(self._commitlog_dir)
         sizes = {p.stat().st_size for _, p in files}
         sizes.discard(0)
         if not files or not sizes:
@@ -374,7 +219,7 @@ class StoreWriter:
         actual = None
         for topic_dir in sorted(self._cq_root.iterdir()) if self._cq_root.is_dir() else []:
             for qdir in sorted(topic_dir.iterdir()) if topic_dir.is_dir() else []:
-                for _, p in _list_files(qdir):
+                for _, p in list_files(qdir):
                     size = p.stat().st_size
                     if size == 0:
                         continue
@@ -392,105 +237,6 @@ class StoreWriter:
                                  f"files ({actual // rc.CQ_UNIT_SIZE} units)")
         return actual
 
-    # ------------------------------------------------------------------------------------ topics
-
-    def _load_topics(self) -> None:
-        data = load_config_json(self.root / "config" / "topics.json")
-        if data is None:
-            self._data_version = {"counter": 0, "timestamp": rc.now_ms()}
-            if set(self.broker_name) <= rc.TOPIC_CHARS:
-                # the broker creates a topic named after itself (1 queue, perm 7); a hint for readers
-                self._adopt_topic(self.broker_name, {"readQueueNums": 1, "writeQueueNums": 1,
-                                                     "perm": 7})
-            return
-        if not isinstance(data, dict) or not isinstance(data.get("topicConfigTable", {}), dict):
-            raise RmqStoreLayoutError(f"{self.root}/config/topics.json: no topicConfigTable object")
-        dv = data.get("dataVersion")
-        self._data_version = dict(dv) if isinstance(dv, dict) else {"counter": 0}
-        for name, cfg in data.get("topicConfigTable", {}).items():
-            if not isinstance(cfg, dict):
-                raise RmqStoreLayoutError(f"{self.root}/config/topics.json: entry {name!r} is not an "
-                                          "object")
-            if isinstance(name, str) and name and set(name) <= rc.TOPIC_CHARS:
-                self._adopt_topic(name, cfg)
-            else:
-                self._other_topics[name] = cfg
-
-    def _adopt_topic(self, name: str, cfg: dict) -> _Topic:
-        def num(key: str, default: int) -> int:
-            value = cfg.get(key, default)
-            return value if isinstance(value, int) and not isinstance(value, bool) else default
-        managed = {"topicName", "readQueueNums", "writeQueueNums", "perm", "order"}
-        topic = _Topic(name, name.encode("ascii"), num("readQueueNums", 16), num("writeQueueNums", 16),
-                       num("perm", 6), bool(cfg.get("order", False)),
-                       {k: v for k, v in cfg.items() if k not in managed})
-        self._topics[name] = topic
-        self._other_topics.pop(name, None)
-        self._refresh_fast_topics()
-        return topic
-
-    def _topic_json(self, name: str, read: int, write: int, perm: int, order: bool,
-                    extra: dict) -> dict:
-        cfg = {"order": order, "perm": perm, "readQueueNums": read,
-               "topicFilterType": extra.get("topicFilterType", "SINGLE_TAG"), "topicName": name,
-               "topicSysFlag": extra.get("topicSysFlag", 0), "writeQueueNums": write}
-        if self.properties_style == "5.3.3" or "attributes" in extra:
-            cfg["attributes"] = extra.get("attributes", {})
-        for key, value in extra.items():
-            cfg.setdefault(key, value)
-        return dict(sorted(cfg.items()))
-
-    def _write_topics(self) -> None:
-        table = dict(self._other_topics)
-        for t in self._topics.values():
-            table[t.name] = self._topic_json(t.name, t.read_queues, t.write_queues, t.perm, t.order,
-                                             t.extra)
-        dv = dict(self._data_version)
-        dv["counter"] = int(dv.get("counter", 0)) + 1 if isinstance(dv.get("counter", 0), int) else 1
-        dv["timestamp"] = rc.now_ms()
-        if self.properties_style == "5.3.3":
-            dv.setdefault("stateVersion", 0)
-        self._data_version = dv
-        write_config_atomic(self.root / "config" / "topics.json",
-                            dump_fastjson({"dataVersion": dv, "topicConfigTable": table}))
-        self._topics_dirty = False
-
-    def create_topic(self, topic: str, queues: int, *, order: bool = False, perm: int = 6,
-                     read_queues: int | None = None) -> None:
-        """Create or update a topic with ``queues`` write queues (read queues default to the same).
-
-        ``perm`` is the broker's permission bits (``PERM_READ`` 4, ``PERM_WRITE`` 2, ...). The topic
-        is saved to ``config/topics.json`` at once (atomically). Queue folders appear with the first
-        message of each queue, as with the broker.
-        """
-        raw = validate_topic(topic)
-        _int_arg("queues", queues, 1, MAX_QUEUES)
-        read = queues if read_queues is None else _int_arg("read_queues", read_queues, 1, MAX_QUEUES)
-        _int_arg("perm", perm, 0, 15)
-        if not isinstance(order, bool):
-            raise RmqOptionError(f"order must be a bool, got {order!r}")
-        self._check_open()
-        existing = self._topics.get(topic)
-        if existing is None:
-            extra = self._other_topics.pop(topic, {})
-            extra = {k: v for k, v in extra.items()
-                     if k not in ("topicName", "readQueueNums", "writeQueueNums", "perm", "order")}
-            self._topics[topic] = _Topic(topic, raw, read, queues, perm, order, extra)
-        else:
-            existing.read_queues, existing.write_queues = read, queues
-            existing.perm, existing.order = perm, order
-        self._refresh_fast_topics()
-        self._write_topics()
-
-    def _refresh_fast_topics(self) -> None:
-        """Topics append's fast path may write to: writable (PERM_WRITE) with write queues."""
-        self._fast_topics = {name: t for name, t in self._topics.items()
-                             if t.perm & PERM_WRITE and t.write_queues > 0}
-
-    def topics(self) -> dict[str, int]:
-        """Topics this writer can append to, with their number of write queues."""
-        return {name: t.write_queues for name, t in self._topics.items()}
-
     def next_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next message appended to (topic, queue_id) will get."""
         q = self._queues.get((topic, queue_id))
@@ -501,184 +247,14 @@ class StoreWriter:
         """Physical offset where the next record will be written (or the BLANK that ends the file)."""
         return self._cl.start + self._pos if self._cl is not None else 0
 
-    # ---------------------------------------------------------------------------------- recovery
-
-    def _recover(self) -> None:
-        files = _list_files(self._commitlog_dir)
-        size = self.commitlog_file_size
-        # a zero-length last file (5.3.3 leaves one after a crash) is deleted, as the broker does
-        while files and files[-1][1].stat().st_size == 0:
-            files.pop()[1].unlink()
-        for i, (start, path) in enumerate(files):
-            if start % size or (i and start != files[i - 1][0] + size):
-                raise RmqStoreLayoutError(f"{path}: CommitLog file names must be consecutive multiples "
-                                          f"of the file size {size}")
-        queue_files = self._list_queues()
-        if not files:
-            if any(qf for qf in queue_files.values()):
-                raise RmqStoreLayoutError(f"{self.root}: ConsumeQueue files exist but commitlog/ is "
-                                          "empty")
-            self._open_commitlog(0, 0, create=True)
-            for (topic, qid) in queue_files:
-                self._queue(topic, qid, 0)
-            return
-        try:
-            from rmq_source.store import native
-        except ImportError as exc:
-            raise RmqMissingDependencyError(
-                "reopening a store that holds data needs the compiled C core rmq_source._native "
-                f"(pip install -e .): {exc}") from None
-        segments = [native.map_segment(str(p), start) for start, p in files]
-        try:
-            end = native.CommitLog(segments, size).valid_end(verify_crc=True)   # checkCRCOnRecover
-            cl_min = files[0][0]
-            max_offsets, cq_max_phy = self._recover_queues(native, queue_files, end)
-        finally:
-            for seg in segments:
-                seg.close()
-        active_start = end - end % size
-        for start, path in files:
-            if start > active_start + size:
-                path.unlink()   # entirely beyond the valid end (broker: truncateDirtyFiles)
-        active_existing = any(start == active_start for start, _ in files)
-        self._open_commitlog(active_start, end - active_start, create=not active_existing)
-        _zero_from(self._cl.mm, self._cl.fd, self._pos)
-        if self._next_cl is not None:
-            _zero_from(self._next_cl.mm, self._next_cl.fd, 0)
-        for (topic, qid), next_offset in max_offsets.items():
-            self._queue(topic, qid, next_offset)
-        # from the last dispatched record on: it gives the last store timestamp, later ones get units
-        self._redispatch(max(cq_max_phy, cl_min), end)
-
-    def _list_queues(self) -> dict[tuple[str, int], list[tuple[int, Path]]]:
-        found: dict[tuple[str, int], list[tuple[int, Path]]] = {}
-        if not self._cq_root.is_dir():
-            return found
-        for topic_dir in sorted(self._cq_root.iterdir()):
-            if not topic_dir.is_dir():
-                continue
-            for qdir in sorted(topic_dir.iterdir()):
-                if qdir.is_dir() and re.fullmatch(r"\d+", qdir.name):
-                    found[(topic_dir.name, int(qdir.name))] = _list_files(qdir)
-        return found
-
-    def _recover_queues(self, native, queue_files, cl_end: int):
-        """Max offset of every queue (§2.4) after dropping units that point past the CommitLog end,
-        and the largest physical offset a remaining unit points at (0 when there is none)."""
-        max_offsets: dict[tuple[str, int], int] = {}
-        cq_max_phy = 0
-        fsize = self.cq_file_size
-        for key, files in queue_files.items():
-            for i, (start, path) in enumerate(files):
-                if start % fsize or (i and start != files[i - 1][0] + fsize):
-                    raise RmqStoreLayoutError(f"{path}: ConsumeQueue file names must be consecutive "
-                                              f"multiples of the file size {fsize}")
-            end = files[0][0] if files else 0
-            for start, path in files[max(0, len(files) - 3):]:
-                seg = native.map_segment(str(path), start)
-                try:
-                    units = native.cq_valid_units(seg)
-                finally:
-                    seg.close()
-                end = start + units * rc.CQ_UNIT_SIZE
-                if units * rc.CQ_UNIT_SIZE < fsize:
-                    break
-            # drop trailing units whose record is not (completely) in the CommitLog
-            while end > (files[0][0] if files else 0):
-                start = end - 1 - (end - 1) % fsize
-                with open(files[[s for s, _ in files].index(start)][1], "r+b") as f:
-                    f.seek(end - rc.CQ_UNIT_SIZE - start)
-                    phy, usize, _ = rc.CQ_UNIT.unpack(f.read(rc.CQ_UNIT_SIZE))
-                    if phy + usize <= cl_end or usize == 0x7FFFFFFF:
-                        if usize != 0x7FFFFFFF:
-                            cq_max_phy = max(cq_max_phy, phy)
-                        break
-                    f.seek(end - rc.CQ_UNIT_SIZE - start)
-                    f.write(bytes(rc.CQ_UNIT_SIZE))
-                end -= rc.CQ_UNIT_SIZE
-            active = end - end % fsize
-            for start, path in files:
-                if start > active:
-                    path.unlink()
-                elif start == active and path.stat().st_size:
-                    with open(path, "r+b") as f:
-                        mm = mmap.mmap(f.fileno(), 0)
-                        try:
-                            _zero_from(mm, f.fileno(), end - start)
-                        finally:
-                            mm.close()
-            max_offsets[key] = end // rc.CQ_UNIT_SIZE
-        return max_offsets, cq_max_phy
-
-    def _redispatch(self, start: int, end: int) -> None:
-        """Add ConsumeQueue units for records in [start, end) that have none (the broker's reput)."""
-        size = self.commitlog_file_size
-        pos = start
-        while pos < end:
-            fstart = pos - pos % size
-            path = self._commitlog_dir / _file_name(fstart)
-            with open(path, "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                try:
-                    while pos < end and pos < fstart + size:
-                        rec = rc.decode_record(mm, pos - fstart, where=str(path))
-                        if rec is None:
-                            pos = fstart + size
-                            break
-                        self._last_store_ts = max(self._last_store_ts, rec.store_timestamp)
-                        self._dispatch_recovered(rec, pos, path)
-                        pos += rec.total_size
-                finally:
-                    mm.close()
-
-    def _dispatch_recovered(self, rec: rc.DecodedRecord, phy: int, path: Path) -> None:
-        if rec.sys_flag & rc.TX_MASK in (rc.TX_PREPARED, rc.TX_ROLLBACK):
-            return
-        q = self._queue(rec.topic, rec.queue_id, 0)
-        if q.next_offset == 0 and q.file is None and not _list_files(q.folder):
-            q.next_offset = rec.queue_offset   # queue rebuilt from a CommitLog that starts later
-        if rec.queue_offset < q.next_offset:
-            return
-        if rec.queue_offset > q.next_offset:
-            raise RmqCorruptStoreError(
-                f"{path}: record at physical offset {phy} has queue offset {rec.queue_offset} but "
-                f"queue {rec.topic}/{rec.queue_id} ends at {q.next_offset}", path=str(path),
-                position=phy % self.commitlog_file_size, code="QUEUE_GAP")
-        self._put_unit(q, phy, rec.total_size, tags_code(rec.properties.get("TAGS")))
-        self._last_dispatch_ts = max(self._last_dispatch_ts, rec.store_timestamp)
-
-    def _queue(self, topic: str, queue_id: int, next_offset: int) -> _Queue:
-        q = self._queues.get((topic, queue_id))
-        if q is None:
-            q = _Queue(topic, queue_id, self._cq_root / topic / str(queue_id), next_offset)
-            self._queues[(topic, queue_id)] = q
-            if topic not in self._topics and set(topic) <= rc.TOPIC_CHARS:
-                # a queue folder without a topics.json entry: adopt it, sized to cover its ids
-                cfg = self._other_topics.get(topic, {})
-                t = self._adopt_topic(topic, cfg)
-                if not cfg:
-                    t.read_queues = t.write_queues = queue_id + 1
-                    t.sized_from_folders = True
-                self._topics_dirty = True
-            elif topic in self._topics:
-                t = self._topics[topic]
-                if t.sized_from_folders and queue_id >= t.write_queues:
-                    t.read_queues = t.write_queues = queue_id + 1
-        t = self._topics.get(topic)
-        if t is not None:
-            if len(t.queue_list) <= queue_id:
-                t.queue_list.extend([None] * (queue_id + 1 - len(t.queue_list)))
-            t.queue_list[queue_id] = q
-        return q
-
     # --------------------------------------------------------------------------------- CommitLog
 
     def _open_commitlog(self, start: int, pos: int, *, create: bool) -> None:
         size = self.commitlog_file_size
-        self._cl = _MappedFile(self._commitlog_dir / _file_name(start), start, size, create=create)
+        self._cl = MappedFile(self._commitlog_dir / file_name(start), start, size, create=create)
         self._pos = pos
         # the broker's AllocateMappedFileService creates the following file too
-        self._next_cl = _MappedFile(self._commitlog_dir / _file_name(start + size), start + size,
+        self._next_cl = MappedFile(self._commitlog_dir / file_name(start + size), start + size,
                                     size, create=True)
 
     def _roll(self) -> None:
@@ -692,51 +268,8 @@ class StoreWriter:
         self._cl = self._next_cl
         self._pos = 0
         nxt = self._cl.start + self._cl.size
-        self._next_cl = _MappedFile(self._commitlog_dir / _file_name(nxt), nxt, self._cl.size,
+        self._next_cl = MappedFile(self._commitlog_dir / file_name(nxt), nxt, self._cl.size,
                                     create=True)
-
-    # ------------------------------------------------------------------------------ ConsumeQueue
-
-    def _put_unit(self, q: _Queue, phy: int, size: int, code: int) -> None:
-        """Write the unit for ``q.next_offset``: phy and tagsCode first, then the size as one
-        aligned 4-byte store, so a reader that sees size > 0 also sees the rest."""
-        off = q.next_offset
-        if q.file is None or not (q.file_first <= off < q.file_end):
-            self._map_queue_file(q, off)
-        pos = (off - q.file_first) * 20
-        _CQ_PACK(q.mm, pos, phy, 0, code)
-        q.mm[pos + 8:pos + 12] = size.to_bytes(4, "big")    # size > 0 makes the unit valid: last
-        q.next_offset = off + 1
-
-    def _map_queue_file(self, q: _Queue, offset: int) -> None:
-        if q.file is not None:
-            q.file.close()
-            q.file = q.mm = None
-            q.file_first = q.file_end = 0
-        units = self.cq_units_per_file
-        first = offset - offset % units
-        q.folder.mkdir(parents=True, exist_ok=True)
-        path = q.folder / _file_name(first * rc.CQ_UNIT_SIZE)
-        new = not path.exists()
-        q.file = _MappedFile(path, first * rc.CQ_UNIT_SIZE, self.cq_file_size, create=True)
-        q.mm = q.file.mm
-        q.file_first, q.file_end = first, first + units
-        if new and offset > first and not _list_files(q.folder)[:-1]:
-            # first file of a queue starting mid-file: the broker fills it with pre-blank units
-            blank = rc.encode_cq_unit(0, 0x7FFFFFFF, 0)
-            q.file.mm[0:(offset - first) * 20] = blank * (offset - first)
-
-    def _tags_code(self, tags: str | None) -> int:
-        """tagsCode of a validated TAGS value; remembers the tag for append's fast path."""
-        if not tags:
-            return 0
-        info = self._tag_props.get(tags)
-        if info is None:
-            info = self._fast_props_info(
-                tags_code(tags), b"TAGS\x01" + tags.encode("utf-8") + b"\x02UNIQ_KEY\x01")
-            if len(self._tag_props) < 4096:
-                self._tag_props[tags] = info
-        return info[0]
 
     def _fast_props_info(self, code: int, head: bytes) -> tuple[int, bytes, int]:
         # UNIQ_KEY of the default born host: hex of ip + pid(2) + hash(4) + time(4) + counter(2)
@@ -749,7 +282,7 @@ class StoreWriter:
         if self._closed:
             raise RmqOptionError("StoreWriter is closed")
 
-    def _select_queue(self, t: _Topic, queue_id, selector, selector_arg, message_parts) -> int:
+    def _select_queue(self, t: TopicState, queue_id, selector, selector_arg, message_parts) -> int:
         n = t.write_queues
         if not t.perm & PERM_WRITE or n <= 0:
             raise RmqOptionError(f"topic {t.name!r} is not writable (perm {t.perm}, "
@@ -840,11 +373,11 @@ class StoreWriter:
         if store_timestamp is None:
             store_ts = max(_time_ns() // 1_000_000, self._last_store_ts)
         else:
-            store_ts = _int_arg("store_timestamp", store_timestamp, 0, _INT64_MAX)
+            store_ts = int_arg("store_timestamp", store_timestamp, 0, _INT64_MAX)
             if store_ts < self._last_store_ts:
                 raise RmqOptionError(f"store_timestamp={store_ts} is before the previous record's "
                                      f"{self._last_store_ts}; store timestamps never decrease")
-        born_ts = store_ts if born_timestamp is None else _int_arg("born_timestamp", born_timestamp,
+        born_ts = store_ts if born_timestamp is None else int_arg("born_timestamp", born_timestamp,
                                                                    0, _INT64_MAX)
         return store_ts, born_ts
 
@@ -907,7 +440,7 @@ class StoreWriter:
         cl = self._cl
         pos = self._pos
         phy = cl.start + pos
-        # straight into the map, in _publish's order: fields after MAGIC, TOTALSIZE, MAGIC last
+        # straight into the map, in publish's order: fields after MAGIC, TOTALSIZE, MAGIC last
         mm = cl.mm
         self._head_rest.pack_into(mm, pos + 8, _crc32(body) & 0x7FFFFFFF, qid, 0, off, phy,
                                   self._sys_flag, now, self._bh_field, now, self._sh_field, 0, 0,
@@ -953,16 +486,16 @@ class StoreWriter:
             raise RmqOptionError(f"body must be bytes, got {type(body).__name__}")
         body = bytes(body)
         if (flag, reconsume_times, prepared_transaction_offset, sys_flag_extra) != (0, 0, 0, 0):
-            _int_arg("flag", flag, -(1 << 31), _INT32_MAX)
-            _int_arg("reconsume_times", reconsume_times, 0, _INT32_MAX)
-            _int_arg("prepared_transaction_offset", prepared_transaction_offset, 0, _INT64_MAX)
-            _int_arg("sys_flag_extra", sys_flag_extra, 0, 0xF)
+            int_arg("flag", flag, -(1 << 31), _INT32_MAX)
+            int_arg("reconsume_times", reconsume_times, 0, _INT32_MAX)
+            int_arg("prepared_transaction_offset", prepared_transaction_offset, 0, _INT64_MAX)
+            int_arg("sys_flag_extra", sys_flag_extra, 0, 0xF)
             if sys_flag_extra & rc.FLAG_COMPRESSED:
                 raise RmqOptionError("sys_flag_extra must not set the compressed bit 0x1; use "
                                      "compression=")
         store_ts, born_ts = self._timestamps(store_timestamp, born_timestamp)
-        bh = self.born_host if born_host is None else _host(born_host, "born_host")
-        sh = self.store_host if store_host is None else _host(store_host, "store_host")
+        bh = self.born_host if born_host is None else host(born_host, "born_host")
+        sh = self.store_host if store_host is None else host(store_host, "store_host")
 
         qid = self._select_queue(t, queue_id, selector, selector_arg,
                                  (topic, body, tags, keys, properties))
@@ -1013,7 +546,7 @@ class StoreWriter:
         record = b"".join((head, body, len(raw_topic).to_bytes(2 if v2 else 1, "big"), raw_topic,
                            len(props).to_bytes(2, "big"), props))
         mm = cl.mm
-        _publish(mm, pos, record)
+        publish(mm, pos, record)
         self._pos = pos + total
         self._last_store_ts = store_ts
         if dispatch:
@@ -1104,7 +637,7 @@ class StoreWriter:
             off += 1
         blob = b"".join(parts)
         mm, pos = cl.mm, self._pos
-        _publish(mm, pos, blob)
+        publish(mm, pos, blob)
         self._pos = pos + batch_size
         self._last_store_ts = self._last_dispatch_ts = store_ts
         sh_hex = self._sh_hex
@@ -1151,13 +684,13 @@ class StoreWriter:
         ConsumeQueue file (never a queue's last) whose last unit points below the new CommitLog min
         offset (format doc §7.4). Returns the deleted paths."""
         self._check_open()
-        _int_arg("count", count, 0, 1 << 30)
+        int_arg("count", count, 0, 1 << 30)
         deleted: list[Path] = []
-        old = [(s, p) for s, p in _list_files(self._commitlog_dir) if s < self._cl.start]
+        old = [(s, p) for s, p in list_files(self._commitlog_dir) if s < self._cl.start]
         for _, path in old[:count]:
             path.unlink()
             deleted.append(path)
-        remaining = _list_files(self._commitlog_dir)
+        remaining = list_files(self._commitlog_dir)
         cl_min = remaining[0][0] if remaining else self._cl.start
         for (topic, qid), files in self._list_queues().items():
             for start, path in files[:-1]:

@@ -1,0 +1,101 @@
+"""ConsumeQueue dispatch: one 20-byte unit per message of a queue (physical offset, size, tags
+code), files created on demand; the size is written last, so a reader that sees a valid unit sees
+all of it."""
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+from rmq_source.store import record_codec as rc
+from rmq_source.store.mapped_files import MappedFile, file_name, list_files
+from rmq_source.subscription import tags_code
+
+_CQ_PACK = rc.CQ_UNIT.pack_into
+
+
+class QueueState:
+    """Write state of one ConsumeQueue: ``next_offset`` is the queue offset the next unit gets."""
+
+    __slots__ = ("topic", "queue_id", "folder", "next_offset", "file", "mm", "file_first",
+                 "file_end")
+
+    def __init__(self, topic: str, queue_id: int, folder: Path, next_offset: int):
+        self.topic, self.queue_id, self.folder = topic, queue_id, folder
+        self.next_offset = next_offset
+        self.file: MappedFile | None = None
+        self.mm: mmap.mmap | None = None
+        self.file_first = 0   # queue offset of the first unit of the mapped file
+        self.file_end = 0     # one past its last unit
+
+
+
+class ConsumeQueueDispatch:
+    """Part of :class:`~rmq_source.store.writer.StoreWriter`: its ConsumeQueues."""
+
+    def _queue(self, topic: str, queue_id: int, next_offset: int) -> QueueState:
+        q = self._queues.get((topic, queue_id))
+        if q is None:
+            q = QueueState(topic, queue_id, self._cq_root / topic / str(queue_id), next_offset)
+            self._queues[(topic, queue_id)] = q
+            if topic not in self._topics and set(topic) <= rc.TOPIC_CHARS:
+                # a queue folder without a topics.json entry: adopt it, sized to cover its ids
+                cfg = self._other_topics.get(topic, {})
+                t = self._adopt_topic(topic, cfg)
+                if not cfg:
+                    t.read_queues = t.write_queues = queue_id + 1
+                    t.sized_from_folders = True
+                self._topics_dirty = True
+            elif topic in self._topics:
+                t = self._topics[topic]
+                if t.sized_from_folders and queue_id >= t.write_queues:
+                    t.read_queues = t.write_queues = queue_id + 1
+        t = self._topics.get(topic)
+        if t is not None:
+            if len(t.queue_list) <= queue_id:
+                t.queue_list.extend([None] * (queue_id + 1 - len(t.queue_list)))
+            t.queue_list[queue_id] = q
+        return q
+
+
+    # ------------------------------------------------------------------------------ ConsumeQueue
+
+    def _put_unit(self, q: QueueState, phy: int, size: int, code: int) -> None:
+        """Write the unit for ``q.next_offset``: phy and tagsCode first, then the size as one
+        aligned 4-byte store, so a reader that sees size > 0 also sees the rest."""
+        off = q.next_offset
+        if q.file is None or not (q.file_first <= off < q.file_end):
+            self._map_queue_file(q, off)
+        pos = (off - q.file_first) * 20
+        _CQ_PACK(q.mm, pos, phy, 0, code)
+        q.mm[pos + 8:pos + 12] = size.to_bytes(4, "big")    # size > 0 makes the unit valid: last
+        q.next_offset = off + 1
+
+    def _map_queue_file(self, q: QueueState, offset: int) -> None:
+        if q.file is not None:
+            q.file.close()
+            q.file = q.mm = None
+            q.file_first = q.file_end = 0
+        units = self.cq_units_per_file
+        first = offset - offset % units
+        q.folder.mkdir(parents=True, exist_ok=True)
+        path = q.folder / file_name(first * rc.CQ_UNIT_SIZE)
+        new = not path.exists()
+        q.file = MappedFile(path, first * rc.CQ_UNIT_SIZE, self.cq_file_size, create=True)
+        q.mm = q.file.mm
+        q.file_first, q.file_end = first, first + units
+        if new and offset > first and not list_files(q.folder)[:-1]:
+            # first file of a queue starting mid-file: the broker fills it with pre-blank units
+            blank = rc.encode_cq_unit(0, 0x7FFFFFFF, 0)
+            q.file.mm[0:(offset - first) * 20] = blank * (offset - first)
+
+    def _tags_code(self, tags: str | None) -> int:
+        """tagsCode of a validated TAGS value; remembers the tag for append's fast path."""
+        if not tags:
+            return 0
+        info = self._tag_props.get(tags)
+        if info is None:
+            info = self._fast_props_info(
+                tags_code(tags), b"TAGS\x01" + tags.encode("utf-8") + b"\x02UNIQ_KEY\x01")
+            if len(self._tag_props) < 4096:
+                self._tag_props[tags] = info
+        return info[0]
