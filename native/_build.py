@@ -13,10 +13,15 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "rmq_core.h")
 SOURCE = os.path.join(HERE, "rmq_core.c")
+# rmq_core.c includes the units of core/ (one translation unit) and the layout header: a change to
+# any of them rebuilds the extension, and an sdist carries them
+DEPENDS = sorted([HEADER, os.path.join(HERE, "rmq_layout.h")]
+                 + [os.path.join(HERE, "core", n) for n in os.listdir(os.path.join(HERE, "core"))
+                    if n.endswith(".c")])
 
 # No -march: pip compiles the package on the target machine, but a wheel or a shared build tree
 # must not assume its CPU. The only wider instructions (AVX2 streaming stores) sit in two small
-# functions compiled with a target attribute and are chosen at run time (rmq_core.c, have_avx2).
+# functions compiled with a target attribute and are chosen at run time (core/rows.c, have_avx2).
 RELEASE_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                  "-fno-strict-aliasing"]
 
@@ -28,10 +33,10 @@ def cdef_text() -> str:
     return text.split("/* CDEF BEGIN */", 1)[1].split("/* CDEF END */", 1)[0]
 
 
-def _source_path() -> str:
+def _relative(path: str) -> str:
     # setuptools prefers paths relative to setup.py's directory (the cwd during a build).
-    rel = os.path.relpath(SOURCE)
-    return SOURCE if rel.startswith("..") else rel
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def make_ffi(module_name: str, extra_compile_args: list[str],
@@ -42,7 +47,8 @@ def make_ffi(module_name: str, extra_compile_args: list[str],
     ffi.set_source(
         module_name,
         '#include "rmq_core.h"\n',
-        sources=[SOURCE if absolute_paths else _source_path()],
+        sources=[SOURCE if absolute_paths else _relative(SOURCE)],
+        depends=DEPENDS if absolute_paths else [_relative(p) for p in DEPENDS],
         include_dirs=[HERE],
         libraries=["z"],
         extra_compile_args=extra_compile_args,

@@ -69,7 +69,9 @@ def asan_module(build_root: Path, native_dir: Path = NATIVE) -> Path:
     """Folder holding _rmq_native_asan built from the sources in ``native_dir`` (cached by their
     hash)."""
     digest = hashlib.sha1()
-    for name in ("rmq_core.c", "rmq_core.h", "_build.py", "asan_build.py"):
+    names = ["rmq_core.c", "rmq_core.h", "rmq_layout.h", "_build.py", "asan_build.py"]
+    names += sorted(f"core/{p.name}" for p in (native_dir / "core").glob("*.c"))
+    for name in names:
         digest.update((native_dir / name).read_bytes())
     out = build_root / f"asan-{digest.hexdigest()[:12]}"
     if any(out.glob("_rmq_native_asan*.so")):
