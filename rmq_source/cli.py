@@ -108,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     top = sub.add_parser("topics", help="list topics and queues with min/max offsets")
-    top.add_argument("store", metavar="STORE")
+    top.add_argument("store", metavar="STORE", nargs="?")
+    top.add_argument("--namesrv", default=None, metavar="ADDR", help="a live cluster's NameServers (host:port;host:port) instead of STORE")
     top.add_argument("--json", action="store_true", help="one JSON object per queue and line")
-    top.add_argument("--broker-name", default="broker-a")
+    top.add_argument("--broker-name", default=None, help="STORE's broker name (default broker-a)")
 
     pr = sub.add_parser("print", help="print the messages of a topic in queue order")
     pr.add_argument("store", metavar="STORE")
@@ -131,11 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "consume (our offset store first, else the broker's "
                          "config/consumerOffset.json; -1 when it has none), their difference and "
                          "the store time of the last consumed message.")
-    lag.add_argument("store", metavar="STORE")
+    lag.add_argument("store", metavar="STORE", nargs="?")
+    lag.add_argument("--namesrv", default=None, metavar="ADDR", help="a live cluster's NameServers (host:port;host:port) instead of STORE")
     lag.add_argument("--group", required=True, type=_group_name, help="consumer group")
     lag.add_argument("--topic", default=None,
                      help="only this topic (default: every topic the group has offsets for)")
-    lag.add_argument("--broker-name", default="broker-a")
+    lag.add_argument("--broker-name", default=None, help="STORE's broker name (default broker-a)")
     lag.add_argument("--offset-store", default=None, metavar="PATH",
                      help="the queries' offsetStorePath (default: STORE/rmq_source_offsets)")
     lag.add_argument("--json", action="store_true", help="one JSON object per queue and line")
@@ -146,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "TOPIC (or the queues of --offsets) in the offset store. Refused (exit 4) "
                         "while a live query of the group holds queue locks or heartbeats, unless "
                         "--force.")
-    rs.add_argument("store", metavar="STORE")
+    rs.add_argument("store", metavar="STORE", nargs="?")
+    rs.add_argument("--namesrv", default=None, metavar="ADDR", help="a live cluster's NameServers (host:port;host:port) instead of STORE")
     rs.add_argument("--group", required=True, type=_group_name, help="consumer group")
     rs.add_argument("--topic", required=True)
     target = rs.add_mutually_exclusive_group(required=True)
@@ -160,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "queues not named keep their offsets")
     rs.add_argument("--force", action="store_true",
                     help="reset even while a live query of the group holds locks or heartbeats")
-    rs.add_argument("--broker-name", default="broker-a")
+    rs.add_argument("--broker-name", default=None, help="STORE's broker name (default broker-a)")
     rs.add_argument("--offset-store", default=None, metavar="PATH",
                     help="the queries' offsetStorePath (default: STORE/rmq_source_offsets)")
     rs.add_argument("--json", action="store_true", help="one JSON object per queue and line")
@@ -251,20 +254,30 @@ def _generate(args) -> int:
 def _topics(args) -> int:
     from rmq_source.store.backend import StoreBackend
 
-    backend = StoreBackend({args.broker_name: os.path.abspath(args.store)})
+    backend = _live_backend(args) or StoreBackend({args.broker_name: os.path.abspath(args.store)})
     mqs = backend.queues_for_topics(sorted(backend.topics()))
-    queues = list(backend.infos(mqs).values())
+    infos = backend.infos(mqs)
+    live = args.namesrv is not None      # a cluster has several brokers: name them
     if args.json:
-        for q in queues:
-            print(json.dumps({"topic": q.topic, "queueId": q.queue_id, "minOffset": q.min_offset,
-                              "maxOffset": q.max_offset}, ensure_ascii=False))
+        for mq in mqs:
+            q = infos[mq]
+            row = {"topic": q.topic, **({"brokerName": mq.broker_name} if live else {}),
+                   "queueId": q.queue_id, "minOffset": q.min_offset, "maxOffset": q.max_offset}
+            print(json.dumps(row, ensure_ascii=False))
         return EXIT_OK
-    if not queues:
-        print(f"no topics in {args.store}")
+    if not mqs:
+        print(f"no topics in {args.store or args.namesrv}")
         return EXIT_OK
-    width = max(len("TOPIC"), *(len(q.topic) for q in queues))
+    if live:
+        rows = [(mq.topic, mq.broker_name, mq.queue_id, infos[mq].min_offset, infos[mq].max_offset,
+                 infos[mq].max_offset - infos[mq].min_offset) for mq in mqs]
+        print("\n".join(_table_lines(("TOPIC", "BROKER", "QUEUE", "MIN", "MAX", "MESSAGES"), rows,
+                                     left=2)))
+        return EXIT_OK
+    width = max(len("TOPIC"), *(len(mq.topic) for mq in mqs))
     print(f"{'TOPIC':<{width}}  {'QUEUE':>5}  {'MIN':>12}  {'MAX':>12}  {'MESSAGES':>12}")
-    for q in queues:
+    for mq in mqs:
+        q = infos[mq]
         print(f"{q.topic:<{width}}  {q.queue_id:>5}  {q.min_offset:>12}  {q.max_offset:>12}  "
               f"{q.max_offset - q.min_offset:>12}")
     return EXIT_OK
@@ -350,8 +363,38 @@ def _offset_store_path(args, brokers: dict) -> str:
     return path
 
 
+def _live_backend(args):
+    """The cluster backend of ``--namesrv``, or None when the command works on STORE (exactly one
+    of them); STORE-only options are refused with --namesrv."""
+    if (args.store is None) == (args.namesrv is None):
+        raise RmqOptionError("give either STORE (a store root) or --namesrv ADDR (a live cluster)")
+    if args.namesrv is None:
+        if args.broker_name is None:
+            args.broker_name = "broker-a"
+        return None
+    for flag, value in (("--broker-name", args.broker_name),
+                        ("--offset-store", getattr(args, "offset_store", None))):
+        if value is not None:
+            raise RmqOptionError(f"{flag} applies to STORE, not to --namesrv (a live cluster names "
+                                 "its brokers; its group offsets are on them)")
+    from rmq_source.remote.backend import ClusterBackendSpec
+    from rmq_source.spark.option_values import parse_namesrv_addr
+    return ClusterBackendSpec(parse_namesrv_addr(args.namesrv)).open()
+
+
+def _check_topic(backend, args) -> None:
+    """An unknown --topic is an error naming it (exit 3)."""
+    if args.namesrv is None:
+        backend.queue_ids(args.topic, args.broker_name)
+    else:
+        backend.queues_for_topics([args.topic])
+
+
 def _group_backend(args):
-    """(backend, store root, group state folder) of the group commands on ``--store``."""
+    """(backend, where its topics are, group state folder or None) of the group commands."""
+    live = _live_backend(args)
+    if live is not None:
+        return live, live.where(), None
     from rmq_source.store.backend import StoreBackend
 
     root = os.path.abspath(args.store)
@@ -378,11 +421,14 @@ def _lag(args) -> int:
     from rmq_source.group.progress import group_lag
 
     backend, root, path = _group_backend(args)
-    existing = set(backend.topics())
     if args.topic is not None:
-        backend.queue_ids(args.topic, args.broker_name)   # unknown topic: exit 3, naming it
+        _check_topic(backend, args)
         topics = [args.topic]
+    elif path is None:
+        raise RmqOptionError("lag with --namesrv needs --topic (the brokers do not list a group's "
+                             "topics)")
     else:
+        existing = set(backend.topics())
         found = backend.group_topics(args.group)
         for topic in sorted(found - existing):
             print(f"{PROG}: note: group {args.group!r} has offsets for topic {topic!r}, which is "
@@ -465,11 +511,13 @@ def _reset(args) -> int:
     from rmq_source.group.offset_store import ReadOffsetType
     from rmq_source.group.progress import reset_group
 
+    backend, root, path = _group_backend(args)
     offsets = None
     if args.offsets is not None:
+        if path is None:
+            raise RmqOptionError("--offsets applies to STORE; with --namesrv use --timestamp or --to")
         offsets = _parse_offsets(args.offsets, args.topic, args.broker_name)
-    backend, root, path = _group_backend(args)
-    backend.queue_ids(args.topic, args.broker_name)   # unknown topic: exit 3, naming it
+    _check_topic(backend, args)
     mqs = backend.queues_for_topics([args.topic])
     try:
         live, held = backend.group_users(args.group)
@@ -503,7 +551,7 @@ def _reset(args) -> int:
             for mq, value in sorted(written.items())]
     print("\n".join(_table_lines(("TOPIC", "BROKER", "QUEUE", "PREVIOUS", "NEW"), rows, left=2)))
     print(f"reset consumer group {args.group!r} on topic {args.topic!r}: {len(written)} queues "
-          f"written to {group_store.file_path(args.broker_name)}")
+          f"written to {group_store.file_path(args.broker_name) if path else 'the brokers'}")
     return EXIT_OK
 
 

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 
 from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqRemotingProtocolError
-from rmq_source.remote.client import RemotingClient
+from rmq_source.remote.client import RemotingClient, check
 from rmq_source.remote.frames import loads_fastjson
 
 # request codes
@@ -39,6 +39,7 @@ SEND_BATCH_MESSAGE = 320
 
 # answer codes
 SUCCESS = 0
+SYSTEM_ERROR = 1
 TOPIC_NOT_EXIST = 17
 PULL_NOT_FOUND = 19
 PULL_RETRY_IMMEDIATELY = 20
@@ -359,7 +360,13 @@ def heartbeat(client: RemotingClient, broker: str, client_id_: str, *, consumer_
 
 
 def consumer_list(client: RemotingClient, broker: str, group: str, *, timeout=None) -> list[str]:
-    r = client.invoke(broker, GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}, timeout=timeout)
+    """Client ids of the group's live consumers on ``broker`` (empty when it has none: the broker
+    answers that with an error code and the remark "no consumer for this group")."""
+    r = client.invoke(broker, GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}, timeout=timeout,
+                      ok=None)
+    if r.code == SYSTEM_ERROR and (r.remark or "").startswith("no consumer for this group"):
+        return []
+    check(r, f"GET_CONSUMER_LIST_BY_GROUP(consumerGroup={group})", broker, (SUCCESS,))
     return list(_json(r.body, f"GET_CONSUMER_LIST_BY_GROUP({group})", broker).get("consumerIdList") or [])
 
 
