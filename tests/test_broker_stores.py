@@ -425,8 +425,14 @@ def test_stream_tails_a_running_broker(rocketmq, tmp_path, spark):
             t.start()
             t.join(120)
             assert not errors, errors
-            ends = {q: rq.max_offset(client, broker.addr, topic, q) for q in range(queues)}
-            assert sum(ends.values()) == total
+            # sends are answered before the ConsumeQueue dispatch: wait for the queues to show them
+            counts = {q: 0 for q in range(queues)}
+            counts[0] = 1
+            for i in range(1, total, 20):
+                counts[i % queues] += min(i + 20, total) - i
+            assert sum(counts.values()) == total
+            for q, n in counts.items():
+                assert rq.wait_max_offset(client, broker.addr, topic, q, n, timeout=60) == n
             deadline = time.monotonic() + 180
             while sum(p["numInputRows"] for p in query.recentProgress) < total:
                 assert query.exception() is None, query.exception()
