@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     top = sub.add_parser("topics", help="list topics and queues with min/max offsets")
     top.add_argument("store", metavar="STORE", nargs="?")
-    top.add_argument("--namesrv", default=None, metavar="ADDR", help="a live cluster's NameServers (host:port;host:port) instead of STORE")
+    _add_live_args(top)
     top.add_argument("--json", action="store_true", help="one JSON object per queue and line")
     top.add_argument("--broker-name", default=None, help="STORE's broker name (default broker-a)")
 
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "config/consumerOffset.json; -1 when it has none), their difference and "
                          "the store time of the last consumed message.")
     lag.add_argument("store", metavar="STORE", nargs="?")
-    lag.add_argument("--namesrv", default=None, metavar="ADDR", help="a live cluster's NameServers (host:port;host:port) instead of STORE")
+    _add_live_args(lag)
     lag.add_argument("--group", required=True, type=_group_name, help="consumer group")
     lag.add_argument("--topic", default=None,
                      help="only this topic (default: every topic the group has offsets for)")
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "while a live query of the group holds queue locks or heartbeats, unless "
                         "--force.")
     rs.add_argument("store", metavar="STORE", nargs="?")
-    rs.add_argument("--namesrv", default=None, metavar="ADDR", help="a live cluster's NameServers (host:port;host:port) instead of STORE")
+    _add_live_args(rs)
     rs.add_argument("--group", required=True, type=_group_name, help="consumer group")
     rs.add_argument("--topic", required=True)
     target = rs.add_mutually_exclusive_group(required=True)
@@ -363,12 +363,36 @@ def _offset_store_path(args, brokers: dict) -> str:
     return path
 
 
+SECRET_KEY_ENV = "RMQ_SECRET_KEY"
+
+
+def _add_live_args(parser) -> None:
+    parser.add_argument("--namesrv", default=None, metavar="ADDR",
+                        help="a live cluster's NameServers (host:port;host:port) instead of STORE")
+    parser.add_argument("--access-key", default=None, metavar="AK",
+                        help=f"with --namesrv: sign requests as this ACL account; its secret key is "
+                        f"read from ${SECRET_KEY_ENV} (never from the command line)")
+
+
+def _credentials(args):
+    if args.access_key is None:
+        return None
+    from rmq_source.remote.acl import Credentials
+    secret = os.environ.get(SECRET_KEY_ENV)
+    if not secret:
+        raise RmqOptionError(f"--access-key needs the account's secret key in the environment "
+                             f"variable {SECRET_KEY_ENV}")
+    return Credentials(args.access_key, secret)
+
+
 def _live_backend(args):
     """The cluster backend of ``--namesrv``, or None when the command works on STORE (exactly one
     of them); STORE-only options are refused with --namesrv."""
     if (args.store is None) == (args.namesrv is None):
         raise RmqOptionError("give either STORE (a store root) or --namesrv ADDR (a live cluster)")
     if args.namesrv is None:
+        if args.access_key is not None:
+            raise RmqOptionError("--access-key applies to --namesrv (a live cluster)")
         if args.broker_name is None:
             args.broker_name = "broker-a"
         return None
@@ -379,7 +403,7 @@ def _live_backend(args):
                                  "its brokers; its group offsets are on them)")
     from rmq_source.remote.backend import ClusterBackendSpec
     from rmq_source.spark.option_values import parse_namesrv_addr
-    return ClusterBackendSpec(parse_namesrv_addr(args.namesrv)).open()
+    return ClusterBackendSpec(parse_namesrv_addr(args.namesrv), credentials=_credentials(args)).open()
 
 
 def _check_topic(backend, args) -> None:

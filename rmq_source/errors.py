@@ -103,3 +103,8 @@ class RmqBrokerError(RmqRemotingError):
         super().__init__(message, peer=peer, request=request)
         self.code = code
         self.remark = remark
+
+
+class RmqAuthError(RmqBrokerError, PermissionError):
+    """The server refused the request's ACL credentials (unknown access key, wrong signature) or
+    the account has no permission for the topic, group or request."""

@@ -385,8 +385,13 @@ class Broker(JavaServer):
     def __init__(self, version: str, jars: Path, workdir: Path, *, namesrv: str, name: str = "broker-a",
                  cluster: str = "DefaultCluster", port: int | None = None, store: Path | None = None,
                  commitlog_size: int = COMMITLOG_SIZE, cq_units: int = CQ_UNITS,
-                 extra: dict | None = None, **kw):
+                 extra: dict | None = None, acl: list[dict] | None = None, **kw):
+        """``acl``: accounts of RocketMQ's plain ACL (``accessKey``, ``secretKey``, ``admin``,
+        ``defaultTopicPerm``, ``defaultGroupPerm``, ``topicPerms``, ``groupPerms``) turn ACL on:
+        4.9 reads them from ``conf/plain_acl.yml``; 5.x migrates that file into its ACL 2.0 users
+        and policies at boot (``migrateAuthFromV1Enabled``)."""
         super().__init__(version, jars, workdir, **kw)
+        self.acl = acl
         self.broker_name = name
         self.name = f"broker {name}"
         self.cluster = cluster
@@ -425,14 +430,48 @@ class Broker(JavaServer):
             "flushConsumerOffsetInterval": 1000,
             "brokerHeartbeatInterval": 5000,
         }
+        if self.acl is not None:
+            if self.is_v4:
+                props["aclEnable"] = "true"
+            else:
+                props.update({
+                    "authenticationEnabled": "true", "authorizationEnabled": "true",
+                    "authenticationMetadataProvider":
+                        "org.apache.rocketmq.auth.authentication.provider.LocalAuthenticationMetadataProvider",
+                    "authorizationMetadataProvider":
+                        "org.apache.rocketmq.auth.authorization.provider.LocalAuthorizationMetadataProvider",
+                    "migrateAuthFromV1Enabled": "true",
+                })
         props.update(self.extra)
         return props
+
+    def _prepare_home(self) -> None:
+        super()._prepare_home()
+        if self.acl is not None:
+            (self.rocketmq_home / "conf" / "plain_acl.yml").write_text(plain_acl_yaml(self.acl))
 
     def args(self) -> list[str]:
         self.store.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "broker.properties"
         conf.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         return ["-c", str(conf), "-n", self.namesrv]
+
+
+def plain_acl_yaml(accounts: list[dict]) -> str:
+    """RocketMQ's ``plain_acl.yml`` for ``accounts`` (see :class:`Broker`)."""
+    out = ["globalWhiteRemoteAddresses: []", "accounts:"]
+    for acc in accounts:
+        out.append(f"  - accessKey: {acc['accessKey']}")
+        out.append(f"    secretKey: {acc['secretKey']}")
+        out.append(f"    admin: {'true' if acc.get('admin') else 'false'}")
+        for key in ("defaultTopicPerm", "defaultGroupPerm"):
+            if key in acc:
+                out.append(f"    {key}: {acc[key]}")
+        for key in ("topicPerms", "groupPerms"):
+            if acc.get(key):
+                out.append(f"    {key}:")
+                out.extend(f"      - {perm}" for perm in acc[key])
+    return "\n".join(out) + "\n"
 
 
 def java_class_path(jars: Path) -> str:
@@ -447,7 +486,8 @@ class Cluster:
     """
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, broker_names=("broker-a",),
-                 cluster: str = "DefaultCluster"):
+                 cluster: str = "DefaultCluster", broker_kw: dict | None = None):
+        """``broker_kw``: keyword arguments of every :class:`Broker` started (e.g. ``acl``)."""
         self.version = version
         self.jars = Path(jars)
         self.workdir = Path(workdir)
@@ -455,6 +495,7 @@ class Cluster:
         self.namesrv = NameServer(version, jars, self.workdir / "namesrv")
         self.brokers: dict[str, Broker] = {}
         self._broker_names = tuple(broker_names)
+        self.broker_kw = dict(broker_kw or {})
         self.started: list[JavaServer] = []
 
     @property
@@ -483,7 +524,7 @@ class Cluster:
         else:
             broker = Broker(self.version, self.jars, workdir or self.workdir / f"{name}-{len(self.started)}",
                             namesrv=self.namesrv.addr, name=name, cluster=self.cluster_name,
-                            store=store, **kw)
+                            store=store, **{**self.broker_kw, **kw})
         self.brokers[name] = broker
         broker.start(timeout)
         if broker not in self.started:
@@ -508,6 +549,24 @@ class Cluster:
                 time.sleep(0.2)
         raise ServerError(f"broker {name} at {addr} not in the NameServer's cluster info after "
                           f"{timeout:.0f} s (last: {last!r}):\n{self.log_tails()}")
+
+    def mqadmin(self, *args: str, access_key: str | None = None, secret_key: str | None = None,
+                timeout: float = 120.0) -> str:
+        """Run RocketMQ's own ``mqadmin`` (the tools jar of this version) against this cluster's
+        NameServer and return its output; with credentials it signs as that ACL account
+        (``conf/tools.yml``). A non-zero exit raises ServerError."""
+        tool = JavaServer(self.version, self.jars, self.workdir / "mqadmin", heap_mb=192)
+        tool._prepare_home()
+        if access_key is not None:
+            (tool.rocketmq_home / "conf" / "tools.yml").write_text(
+                f"accessKey: {access_key}\nsecretKey: {secret_key}\n")
+        cmd = tool.java_command(MQADMIN_MAIN, [*args, "-n", self.namesrv_addr])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=tool.java_env(), cwd=tool.workdir)
+        if proc.returncode != 0:
+            raise ServerError(f"mqadmin {' '.join(args)} exited {proc.returncode}:\n"
+                              f"{(proc.stdout + proc.stderr)[-3000:]}")
+        return proc.stdout
 
     def stop_broker(self, name: str) -> int | None:
         return self.brokers[name].stop()

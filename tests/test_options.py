@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from conftest import require
+from conftest import raises_rmq, require
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
+from rmq_source.remote.acl import Credentials
 from rmq_source.spark.options import OPTION_DOCS, SourceOptions, options_markdown, parse_options
 from rmq_source.spark.query import strategy_of
 
@@ -75,6 +76,9 @@ VALID = [
       "startingOffsets": '{"T":{"any-broker":{"0":5}}}'},
      {"offset_store_path": None, "request_timeout_ms": 2500,
       "starting_offsets": {MQ("T", "any-broker", 0): 5}}),
+    ("acl-credentials", False, {"namesrvAddr": "h:1", "topic": "T", "accessKey": "ak",
+                                "secretKey": "sk-1"},
+     {"credentials": Credentials("ak", "sk-1")}),
     ("topic-list", False, base(topic=" T1 , %RETRY%G ,T-3"), {"topics": ("T1", "%RETRY%G", "T-3")}),
     ("topicPattern", True, {"storePath": "{A}", "topicPattern": "Topic.*"},
      {"topics": None, "topic_pattern": re.compile("Topic.*")}),
@@ -177,7 +181,7 @@ def test_valid_options(dirs, streaming, options, expected):
 
 # (id, streaming, options, option named in the error, substring of the error)
 INVALID = [
-    ("unknown", False, base(fooBar="1"), "fooBar", "valid options: allocateQueues"),
+    ("unknown", False, base(fooBar="1"), "fooBar", "valid options: accessKey, allocateQueues"),
     ("unknown-close", False, base(startingOffset="earliest"), "startingOffset",
      "did you mean startingOffsets"),
     ("twice-by-case", False, {"storePath": "{A}", "topic": "T", "TOPIC": "U"}, "topic", "given twice"),
@@ -521,3 +525,34 @@ def test_options_markdown_lists_every_option():
     table = options_markdown()
     for name, (default, _) in OPTION_DOCS.items():
         assert f"| `{name}` | {default} |" in table
+
+
+# ACL credentials (the brokers' side is tests/test_acl_live.py)
+CREDENTIAL_CASES = [
+    ("access-key-alone", {"accessKey": "a"}, "needs secretKey"),
+    ("secret-key-alone", {"secretKey": "s3cr3t-value"}, "needs accessKey"),
+    ("blank-secret", {"accessKey": "a", "secretKey": " s3cr3t-value"}, "without leading or trailing"),
+    ("misspelled-secret", {"accessKey": "a", "secretKy": "s3cr3t-value"}, "unknown option 'secretKy'"),
+    ("secret-twice", {"accessKey": "a", "secretKey": "s3cr3t-value", "SECRETKEY": "s3cr3t-value"},
+     "given twice"),
+]
+
+
+@pytest.mark.parametrize("extra, text", [c[1:] for c in CREDENTIAL_CASES], ids=[c[0] for c in CREDENTIAL_CASES])
+def test_credential_options_are_checked_without_showing_the_secret(extra, text):
+    with raises_rmq(RmqOptionError, text) as info:
+        parse_options({"namesrvAddr": "127.0.0.1:9876", "topic": "T", **extra}, streaming=True)
+    assert "s3cr3t-value" not in str(info.value)
+
+
+def test_the_secret_key_is_not_in_the_repr_of_options():
+    opts = parse_options({"namesrvAddr": "h:1", "topic": "T", "accessKey": "ak",
+                          "secretKey": "s3cr3t-value"}, streaming=True)
+    assert opts.credentials.secret_key == "s3cr3t-value"
+    assert "s3cr3t-value" not in repr(opts) and "'ak'" in repr(opts)
+
+
+def test_credentials_need_a_live_cluster(tmp_path):
+    with raises_rmq(RmqOptionError, "only applies with namesrvAddr"):
+        parse_options({"storePath": str(tmp_path), "topic": "T", "accessKey": "a",
+                       "secretKey": "s3cr3t-value"}, streaming=False)

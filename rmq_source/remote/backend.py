@@ -30,13 +30,14 @@ from rmq_source.errors import (RmqBrokerError, RmqOptionError, RmqRemotingConnec
                                RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import requests as rq
+from rmq_source.remote.acl import Credentials
 from rmq_source.remote.client import RemotingClient
 from rmq_source.subscription import Subscription
 
 PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
 PULLS_IN_FLIGHT = 4
-PULL_GROUP = "rmq_source_reader"   # pulls name a group; the subscription travels in each request
+PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
 
 _BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
@@ -45,11 +46,16 @@ _LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class ClusterBackendSpec(BackendSpec):
-    """NameServer addresses (in the order tried) and the request timeout in seconds."""
+    """NameServer addresses (in the order tried), the request timeout in seconds and the ACL
+    credentials (their repr hides the secret key)."""
 
     namesrv_addrs: tuple[str, ...]
     timeout_s: float = 10.0
     pulls_in_flight: int = PULLS_IN_FLIGHT
+    credentials: Credentials | None = None
+    #: the consumer group pulls name (the query's consumerGroup when it has one): brokers with ACL
+    #: check the account's permission on it, brokers without auto-created groups need it to exist
+    pull_group: str = PULL_GROUP
 
     def open(self) -> "ClusterBackend":
         with _LOCK:
@@ -64,7 +70,7 @@ class ClusterBackend(Backend):
 
     def __init__(self, spec: ClusterBackendSpec):
         self.spec = spec
-        self.client = RemotingClient(timeout=spec.timeout_s)
+        self.client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials)
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -199,7 +205,7 @@ class ClusterBackend(Backend):
     def _pull(self, mq: MessageQueue, offset: int, count: int, sub: Subscription) -> rq.PullResult:
         expression = sub.expression if not sub.sub_all else "*"
         return self._call(mq.broker_name, lambda addr: rq.pull(
-            self.client, addr, PULL_GROUP, mq.topic, mq.queue_id, offset,
+            self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
             max_nums=max(1, min(count, PULL_BATCH)), subscription=expression))
 
     def _executor(self) -> ThreadPoolExecutor:

@@ -16,14 +16,17 @@ import threading
 import time
 from typing import Callable
 
-from rmq_source.errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
-                               RmqRemotingProtocolError, RmqRemotingTimeoutError)
+from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqRemotingConnectionError,
+                               RmqRemotingError, RmqRemotingProtocolError, RmqRemotingTimeoutError)
 from rmq_source.remote import frames
+from rmq_source.remote.acl import Credentials, signed_fields
 from rmq_source.remote.frames import RemotingCommand
 
 DEFAULT_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 REQUEST_CODE_NOT_SUPPORTED = 3
+SYSTEM_ERROR = 1
+NO_PERMISSION = 16
 
 #: Names of the request codes this package sends, for messages.
 REQUEST_NAMES = {
@@ -58,10 +61,13 @@ class Connection:
 
     def __init__(self, addr: str, *, connect_timeout: float = CONNECT_TIMEOUT,
                  serialize_type: int = frames.SERIALIZE_JSON,
-                 on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None):
+                 on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None,
+                 credentials: Credentials | None = None):
+        """With ``credentials`` every request is ACL-signed (:mod:`rmq_source.remote.acl`)."""
         self.addr = addr
         self.serialize_type = serialize_type
         self.on_request = on_request
+        self.credentials = credentials
         host, _, port = addr.rpartition(":")
         host = host.strip("[]")
         try:
@@ -90,7 +96,8 @@ class Connection:
     def invoke(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
                timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
         """Send a request and return its answer (any code: see :func:`check`)."""
-        cmd = RemotingCommand(code, dict(ext_fields or {}), body, serialize_type=self.serialize_type)
+        cmd = RemotingCommand(code, self._fields(ext_fields, body), body,
+                              serialize_type=self.serialize_type)
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
         pending = _Pending()
         with self._lock:
@@ -113,7 +120,7 @@ class Connection:
 
     def invoke_oneway(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
                       timeout: float = DEFAULT_TIMEOUT) -> None:
-        cmd = RemotingCommand(code, dict(ext_fields or {}), body, flag=frames.FLAG_ONEWAY,
+        cmd = RemotingCommand(code, self._fields(ext_fields, body), body, flag=frames.FLAG_ONEWAY,
                               serialize_type=self.serialize_type)
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
         with self._lock:
@@ -133,6 +140,10 @@ class Connection:
         return f"Connection({self.addr!r}{', closed' if self._closed else ''})"
 
     # ------------------------------------------------------------------ internals
+    def _fields(self, ext_fields: dict | None, body: bytes) -> dict[str, str]:
+        fields = frames.str_fields(ext_fields or {})
+        return fields if self.credentials is None else signed_fields(fields, body, self.credentials)
+
     def _raise_if_closed(self, cmd: RemotingCommand) -> None:
         if self._closed:
             why = str(self.close_reason).split("; peer:")[0] if self.close_reason else "closed"
@@ -263,12 +274,30 @@ class _Stop(Exception):
     pass
 
 
+def is_auth_failure(resp: RemotingCommand) -> bool:
+    """The server refused the request's credentials or permissions: 5.x answers NO_PERMISSION,
+    4.9's plain ACL a system error carrying its AclException."""
+    return resp.code == NO_PERMISSION or (resp.code == SYSTEM_ERROR and "AclException" in (resp.remark or ""))
+
+
+def auth_error(resp: RemotingCommand, what: str, peer: str,
+               credentials: Credentials | None) -> RmqAuthError:
+    who = (f"access key {credentials.access_key!r}" if credentials is not None
+           else "no credentials (set the options accessKey and secretKey)")
+    remark = (resp.remark or "(no remark)").split("\n")[0][:400]
+    return RmqAuthError(f"not authorized with {who}: server answered code {resp.code}: {remark}",
+                        code=resp.code, remark=resp.remark, peer=peer, request=what)
+
+
 def check(resp: RemotingCommand, request: RemotingCommand | str, peer: str,
           ok: tuple[int, ...] = (0,)) -> RemotingCommand:
-    """``resp`` if its code is in ``ok``, else :class:`RmqBrokerError` with the code and remark."""
+    """``resp`` if its code is in ``ok``, else :class:`RmqBrokerError` with the code and remark
+    (:class:`RmqAuthError` when the server refused the credentials or a permission)."""
     if resp.code in ok:
         return resp
     what = request if isinstance(request, str) else describe(request)
+    if is_auth_failure(resp):
+        raise auth_error(resp, what, peer, None)
     raise RmqBrokerError(f"server answered code {resp.code}: {resp.remark or '(no remark)'}",
                          code=resp.code, remark=resp.remark, peer=peer, request=what)
 
@@ -278,7 +307,11 @@ class RemotingClient:
 
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT,
                  serialize_type: int = frames.SERIALIZE_JSON,
-                 on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None):
+                 on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None,
+                 credentials: Credentials | None = None):
+        """With ``credentials`` every request is ACL-signed; an answer refusing them raises
+        :class:`RmqAuthError` whatever ``ok`` a call passes (never retried here)."""
+        self.credentials = credentials
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.serialize_type = serialize_type
@@ -291,7 +324,8 @@ class RemotingClient:
             conn = self._conns.get(addr)
             if conn is None or conn.closed:
                 conn = Connection(addr, connect_timeout=self.connect_timeout,
-                                  serialize_type=self.serialize_type, on_request=self.on_request)
+                                  serialize_type=self.serialize_type, on_request=self.on_request,
+                                  credentials=self.credentials)
                 self._conns[addr] = conn
             return conn
 
@@ -300,8 +334,10 @@ class RemotingClient:
         """Send and wait; with ``ok`` (default: success only) other codes raise RmqBrokerError."""
         conn = self.connection(addr)
         resp = conn.invoke(code, ext_fields, body, timeout=self.timeout if timeout is None else timeout)
+        req = RemotingCommand(code, frames.str_fields(ext_fields or {}))
+        if is_auth_failure(resp):
+            raise auth_error(resp, describe(req), addr, self.credentials)
         if ok is not None:
-            req = RemotingCommand(code, _fields(ext_fields))
             check(resp, req, addr, ok)
         return resp
 
@@ -320,6 +356,3 @@ class RemotingClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _fields(ext: dict | None) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (ext or {}).items() if v is not None}

@@ -51,7 +51,8 @@ class RemotingCommand:
         return bool(self.flag & FLAG_ONEWAY)
 
 
-def _str_fields(ext: dict) -> dict[str, str]:
+def str_fields(ext: dict) -> dict[str, str]:
+    """Header fields as sent on the wire: strings, booleans as true/false, None left out."""
     out = {}
     for k, v in ext.items():
         if v is None:
@@ -63,7 +64,7 @@ def _str_fields(ext: dict) -> dict[str, str]:
 
 
 def encode_header(cmd: RemotingCommand) -> bytes:
-    ext = _str_fields(cmd.ext_fields)
+    ext = str_fields(cmd.ext_fields)
     if cmd.serialize_type == SERIALIZE_JSON:
         obj = {"code": cmd.code, "language": cmd.language, "version": cmd.version, "opaque": cmd.opaque,
                "flag": cmd.flag, "extFields": ext, "serializeTypeCurrentRPC": "JSON"}
@@ -131,7 +132,7 @@ def _decode_json_header(header: bytes) -> RemotingCommand:
         if not isinstance(ext, dict):
             raise ValueError("extFields is not an object")
         lang = obj.get("language", "JAVA")
-        return RemotingCommand(code=int(obj.get("code", 0)), ext_fields=_str_fields(ext),
+        return RemotingCommand(code=int(obj.get("code", 0)), ext_fields=str_fields(ext),
                                opaque=int(obj.get("opaque", 0)), flag=int(obj.get("flag", 0)),
                                remark=obj.get("remark"), language=str(lang),
                                version=int(obj.get("version", 0)))

@@ -21,6 +21,10 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                     "take it). Exclusive with storePath/brokers/brokerName."),
     "requestTimeoutMs": ("10000", "With namesrvAddr: timeout of one request to a NameServer or "
                                   "broker, in ms."),
+    "accessKey": ("none", "With namesrvAddr: the ACL account's access key; every request is signed "
+                          "with it and secretKey (RocketMQ's AclClientRPCHook). Give both or neither."),
+    "secretKey": ("none", "With namesrvAddr: the ACL account's secret key (never shown in logs, "
+                          "errors, plans or offsets)."),
     "storePath": ("required unless brokers or namesrvAddr",
                   "Root directory of one broker's store (the folder holding commitlog/, "
                   "consumequeue/ and config/)."),

@@ -36,6 +36,10 @@ CLASS_SPEC_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-
 # Helpers: every failure names the option, the value and what is valid
 # ------------------------------------------------------------------------------------------
 
+#: Option names whose values never appear in errors (a misspelled secret option included).
+SECRET_NAME_RE = re.compile(r"(?i)secret|password|token")
+
+
 def fail(name: str, value: Any, valid: str) -> RmqOptionError:
     return RmqOptionError(f"option {name}: invalid value {value!r}; {valid}")
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
+from rmq_source.remote.acl import Credentials
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_DIRNAME,
                                            check_offset_store_path, default_offset_store_path)
@@ -45,7 +46,7 @@ from rmq_source.spark.option_docs import (ALLOCATE_STRATEGIES, CONSUME_FROM_WHER
                                           DEFAULT_CONSUME_TIMESTAMP_AGO_MS, NEARBY_INNER_STRATEGIES,
                                           OPTION_DOCS, options_markdown)
 from rmq_source.spark.option_values import (CLASS_SPEC_RE, CLIENT_ID_RE, EARLIEST, GROUP, LATEST,
-                                            NAME_RE, bool_option, choice, comma_list,
+                                            NAME_RE, SECRET_NAME_RE, bool_option, choice, comma_list,
                                             consume_timestamp_ms, default_client_id, duration_ms,
                                             fail, int_option, parse_namesrv_addr,
                                             parse_offsets_json, parse_queue_json)
@@ -114,6 +115,7 @@ class SourceOptions:
     batch_bytes: int
     namesrv_addrs: tuple[str, ...] | None = None       # live cluster mode (brokers is then empty)
     request_timeout_ms: int = 10_000
+    credentials: Credentials | None = None             # ACL (its repr hides the secret key)
 
     @property
     def broker_names(self) -> tuple[str, ...]:
@@ -132,6 +134,13 @@ class SourceOptions:
 # parse_options
 # ------------------------------------------------------------------------------------------
 
+def _shown(name: str, value) -> str:
+    """How an option value appears in an error: secrets (and what may be a misspelled one) never."""
+    if SECRET_NAME_RE.search(name):
+        return "(value hidden)"
+    return repr(value)
+
+
 def _normalise(options: Mapping[str, str]) -> dict[str, str]:
     """Raw options -> {canonical name: value}; unknown, repeated or non-str options raise."""
     out: dict[str, str] = {}
@@ -142,14 +151,14 @@ def _normalise(options: Mapping[str, str]) -> dict[str, str]:
         if canonical is None:
             close = difflib.get_close_matches(key.strip().lower(), list(_CANONICAL), n=1)
             hint = f" (did you mean {_CANONICAL[close[0]]}?)" if close else ""
-            raise RmqOptionError(f"unknown option {key!r} (value {value!r}){hint}; valid options: "
-                                 + ", ".join(sorted(OPTION_DOCS, key=str.lower)))
+            raise RmqOptionError(f"unknown option {key!r} (value {_shown(key, value)}){hint}; valid "
+                                 "options: " + ", ".join(sorted(OPTION_DOCS, key=str.lower)))
         if canonical in out:
             raise RmqOptionError(f"option {canonical} given twice (names are case-insensitive): "
-                                 f"{out[canonical]!r} and {value!r}")
+                                 f"{_shown(canonical, out[canonical])} and {_shown(canonical, value)}")
         if not isinstance(value, str):
-            raise RmqOptionError(f"option {canonical}: invalid value {value!r}; option values must "
-                                 "be strings")
+            raise RmqOptionError(f"option {canonical}: invalid value {_shown(canonical, value)}; "
+                                 "option values must be strings")
         out[canonical] = value
     return out
 
@@ -157,9 +166,10 @@ def _normalise(options: Mapping[str, str]) -> dict[str, str]:
 def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
     """The NameServers of a live cluster, or None for the store mode."""
     if "namesrvAddr" not in opts:
-        if "requestTimeoutMs" in opts:
-            raise RmqOptionError(f"option requestTimeoutMs={opts['requestTimeoutMs']!r} only applies "
-                                 "with namesrvAddr")
+        for name in ("requestTimeoutMs", "accessKey", "secretKey"):
+            if name in opts:
+                raise RmqOptionError(f"option {name} only applies with namesrvAddr (a live "
+                                     "cluster); store folders are read without credentials")
         return None
     for other in ("storePath", "path", "brokers", "brokerName", "offsetStorePath"):
         if other in opts:
@@ -167,6 +177,22 @@ def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
                                  "cluster (namesrvAddr; group offsets on its brokers) or store "
                                  "folders (storePath/brokers)")
     return parse_namesrv_addr(opts["namesrvAddr"])
+
+
+def _parse_credentials(opts: dict[str, str]) -> Credentials | None:
+    """ACL credentials: accessKey and secretKey together, or neither."""
+    given = [n for n in ("accessKey", "secretKey") if n in opts]
+    if not given:
+        return None
+    if len(given) == 1:
+        other = "secretKey" if given[0] == "accessKey" else "accessKey"
+        raise RmqOptionError(f"option {given[0]} needs {other} too: RocketMQ ACL signs every request "
+                             "with the account's access key and secret key")
+    for name in given:
+        if not opts[name] or opts[name] != opts[name].strip():
+            raise RmqOptionError(f"option {name}: expected a non-empty value without leading or "
+                                 "trailing spaces (value hidden)")
+    return Credentials(opts["accessKey"], opts["secretKey"])
 
 
 def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
@@ -243,6 +269,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
 
     namesrv_addrs = _parse_namesrv(opts)
     brokers = {} if namesrv_addrs else _parse_brokers(opts)
+    credentials = _parse_credentials(opts)
     request_timeout_ms = (int_option("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
                                maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
 
@@ -516,4 +543,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         lock_renew_interval_ms=lock_values["lockRenewIntervalMs"], client_id=client_id,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
+        credentials=credentials,
     )

@@ -11,7 +11,10 @@ def open_backend(opts) -> Backend:
     of ``storePath``/``brokers``. The only place on the Spark side that knows the kinds."""
     if opts.namesrv_addrs:
         from rmq_source.remote.backend import ClusterBackendSpec
-        return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0).open()
+        from rmq_source.remote.backend import PULL_GROUP
+        return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
+                                  credentials=opts.credentials,
+                                  pull_group=opts.consumer_group or PULL_GROUP).open()
     from rmq_source.store.backend import StoreBackend
     return StoreBackend(opts.brokers, opts.offset_store_path)
 
