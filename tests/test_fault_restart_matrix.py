@@ -6,10 +6,13 @@ The crash run uses ``fault_helpers/crash_source.py``, which SIGKILLs the query's
 tree at a precise step (see there): before the first batch is logged, after a batch is logged and
 before its tasks run (the first batch and a later one), while tasks are reading, and after a commit
 before the next batch is planned; and a task failure that fails the query (a re-run in a new
-process after it). Each restart has a new generated client id, as a restarted process
-has, so the dead run's queue locks and group membership must run out by themselves (short leases
-keep this fast). Cases: ordered and unordered, with and without ``consumerGroup``, one query alone
-and one of two queries of a group (the other keeps running while its partner dies and returns).
+process after it). The steps of one case run as a chain on one checkpoint: each run dies at its
+step and the next one starts on what it left, so every step is also a restart after a death (one
+Spark start per step instead of two, and deaths during the re-run of a logged batch too). Each
+restart has a new generated client id, as a restarted process has, so the dead run's queue locks
+and group membership must run out by themselves (short leases keep this fast). Cases: ordered and
+unordered, with and without ``consumerGroup``, one query alone and one of two queries of a group
+(the other keeps running while its partner dies and returns).
 """
 from __future__ import annotations
 
@@ -23,31 +26,24 @@ from fault_helpers import procs
 from fault_helpers.sinks import committed_keys
 from store_builder import build_store
 
-TOPIC, QUEUES, MESSAGES = "CrashTopic", 4, 240
+TOPIC, QUEUES, MESSAGES, PER_TRIGGER = "CrashTopic", 4, 480, 60
+# batch k of a query alone reads [15k, 15k + 15) of every queue: 8 batches, enough for every chain
 EVERY = Counter({(q, o): 1 for q in range(QUEUES) for o in range(MESSAGES // QUEUES)})
 # a lease longer than a Spark start, so a restart finds the dead run's locks still live and waits
 LEASES = ["lockLeaseMs=10000", "clientLockLeaseMs=6000", "lockRenewIntervalMs=2000"]
 TIMEOUT = 240
 
-# (case id, consumerGroup options or None, queries in the group, crash step)
-CASES = [
-    ("alone-no-group-plan1", None, 1, "plan:1"),
-    ("alone-no-group-logged1", None, 1, "logged:1"),
-    ("alone-no-group-logged3", None, 1, "logged:3"),
-    ("alone-no-group-reading", None, 1, "reading:20"),
-    ("alone-no-group-next3", None, 1, "next:3"),
-    ("alone-ordered-plan1", "orderly=true", 1, "plan:1"),
-    ("alone-ordered-logged1", "orderly=true", 1, "logged:1"),
-    ("alone-ordered-logged3", "orderly=true", 1, "logged:3"),
-    ("alone-ordered-reading", "orderly=true", 1, "reading:20"),
-    ("alone-ordered-next3", "orderly=true", 1, "next:3"),
-    ("alone-ordered-task-failure", "orderly=true", 1, "failing:20"),
-    ("alone-unordered-logged1", "orderly=false", 1, "logged:1"),
-    ("alone-unordered-logged3", "orderly=false", 1, "logged:3"),
-    ("alone-unordered-next3", "orderly=false", 1, "next:3"),
-    ("pair-ordered-logged2", "orderly=true", 2, "logged:2"),
-    ("pair-ordered-reading", "orderly=true", 2, "reading:20"),
-    ("pair-unordered-logged1", "orderly=false", 2, "logged:1"),
+# (chain id, consumerGroup options or None, queries in the group, crash steps in order). Each step
+# is a run of a process restarted on the checkpoint the previous step's death left (so every step
+# but the first also tests a restart after the step before it, and steps after a logged batch
+# die while Spark re-runs it); a last restart with Trigger.AvailableNow must then finish.
+CHAINS = [
+    ("alone-no-group", None, 1, ["plan:1", "logged:1", "reading:20", "logged:3", "next:3"]),
+    ("alone-ordered", "orderly=true", 1,
+     ["failing:20", "plan:1", "logged:1", "reading:20", "logged:3", "next:3"]),
+    ("alone-unordered", "orderly=false", 1, ["logged:1", "logged:3", "next:3"]),
+    ("pair-ordered", "orderly=true", 2, ["logged:2", "reading:20"]),
+    ("pair-unordered", "orderly=false", 2, ["logged:1"]),
 ]
 
 
@@ -64,7 +60,7 @@ def _query(tmp_path: Path, name: str, log: str, group: str | None, *extra: str):
                        ["--store", str(tmp_path / "store"), "--topic", TOPIC,
                         "--sink", str(tmp_path / f"sink-{name}"),
                         "--checkpoint", str(tmp_path / f"chk-{name}"),
-                        "--max-per-trigger", "60", *options, *extra], tmp_path, log)
+                        "--max-per-trigger", str(PER_TRIGGER), *options, *extra], tmp_path, log)
 
 
 def _wait_exit(proc, tmp_path: Path, log: str) -> int:
@@ -89,8 +85,8 @@ def _check_crash_point(step: str, chk: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("case, group, members, step", CASES, ids=[c[0] for c in CASES])
-def test_restart_after_kill_9(tmp_path, case, group, members, step):
+@pytest.mark.parametrize("chain, group, members, steps", CHAINS, ids=[c[0] for c in CHAINS])
+def test_restart_after_kill_9(tmp_path, chain, group, members, steps):
     other = writer = None
     if members == 1:
         build_store(tmp_path / "store", topics=((TOPIC, QUEUES, MESSAGES),))
@@ -105,12 +101,13 @@ def test_restart_after_kill_9(tmp_path, case, group, members, step):
         procs.wait_for(lambda: _ids(tmp_path / "chk-other" / "commits"), TIMEOUT,
                        "the partner committed a batch", other)
     try:
-        victim = _query(tmp_path, "victim", "crash-run", group, "--trigger", "200",
-                        "--crash", step)
-        rc = _wait_exit(victim, tmp_path, "crash-run")
-        expected = 1 if step.startswith("failing") else -signal.SIGKILL   # failed query / killed
-        assert rc == expected, f"the crash run ended with {rc}\n" + procs.tail(tmp_path, "crash-run")
-        _check_crash_point(step, tmp_path / "chk-victim")
+        for n, step in enumerate(steps):
+            log = f"crash-{n}-{step.replace(':', '')}"
+            victim = _query(tmp_path, "victim", log, group, "--trigger", "200", "--crash", step)
+            rc = _wait_exit(victim, tmp_path, log)
+            expected = 1 if step.startswith("failing") else -signal.SIGKILL   # failed query / killed
+            assert rc == expected, f"step {step} ended with {rc}\n" + procs.tail(tmp_path, log)
+            _check_crash_point(step, tmp_path / "chk-victim")
 
         restarted = _query(tmp_path, "victim", "restart", group, "--trigger", "availableNow",
                            "--timeout", str(TIMEOUT))

@@ -6,8 +6,8 @@
 
 The query reads every queue of ``--topic`` from the earliest offset (a restarted query resumes
 from its checkpoint); ``--option`` adds source options (e.g. ``consumerGroup=G``, and then
-``startingOffsets=group`` to start from the group's progress instead). ``--sleep-per-task`` passes each task's rows through ``mapInArrow`` with a
-pause first, so a micro-batch stays in flight long enough for a test to kill the process in the
+``startingOffsets=group`` to start from the group's progress instead). ``--sleep-per-task`` (when above 0) passes each task's rows through ``mapInArrow``
+with a pause first, so a micro-batch stays in flight long enough for a test to kill the process in the
 middle of it (the rows themselves are passed on unchanged). ``--crash`` runs the source of
 ``crash_source.py``, which SIGKILLs the whole query at that step of a batch's life. A processing-time query runs until the
 process is killed; an availableNow query exits 0 when it finished, 1 when it failed.
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.driver.memory", "1g")
+             # a short-lived driver: the C1 compiler alone starts faster (the crash tests start many)
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RocketMQDataSource)
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(pause)
         yield from batches
 
-    df = df.mapInArrow(slow_identity, df.schema)
+    if pause > 0:
+        df = df.mapInArrow(slow_identity, df.schema)
     writer = (df.writeStream.format("parquet").option("path", args.sink)
               .option("checkpointLocation", args.checkpoint))
     if args.trigger == "availableNow":
