@@ -256,16 +256,18 @@ public class Dump {
 """
 
 
-def run_java(rocketmq, workdir, main, *args):
-    """Compile (once) and run a few lines of Java with the real client; returns its stdout lines."""
+JAVA_SOURCES = {"Produce": JAVA_PRODUCER, "Consume": JAVA_CONSUMER, "Dump": JAVA_DUMP}
+
+
+def run_java(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, timeout=120):
+    """Compile ``sources`` ({class: text}) once into ``workdir/java`` and run ``main`` with the real
+    client of the cluster's version (first argument: the NameServer); returns its stdout lines."""
     if rc_cluster.shutil.which("javac") is None:
         rocketmq_skip("the Java client tests need a JDK 17 (javac)")
     src = workdir / "java"
     cp = rc_cluster.java_class_path(rocketmq.jars)
     if not src.is_dir():
         src.mkdir()
-        (src / "Produce.java").write_text(JAVA_PRODUCER)
-        sources = {"Produce": JAVA_PRODUCER, "Consume": JAVA_CONSUMER, "Dump": JAVA_DUMP}
         for name, text in sources.items():
             (src / f"{name}.java").write_text(text)
         subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src),
@@ -274,7 +276,7 @@ def run_java(rocketmq, workdir, main, *args):
     out = subprocess.run(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
                           f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
                           "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout.splitlines()
 

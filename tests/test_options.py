@@ -79,6 +79,9 @@ VALID = [
     ("acl-credentials", False, {"namesrvAddr": "h:1", "topic": "T", "accessKey": "ak",
                                 "secretKey": "sk-1"},
      {"credentials": Credentials("ak", "sk-1")}),
+    ("live-group-state", True, {"namesrvAddr": "ns1:9876;ns2:9876", "topic": "T",
+                                "consumerGroup": "G", "groupStatePath": "{A}/plans"},
+     {"group_state_path": "{A}/plans"}),
     ("topic-list", False, base(topic=" T1 , %RETRY%G ,T-3"), {"topics": ("T1", "%RETRY%G", "T-3")}),
     ("topicPattern", True, {"storePath": "{A}", "topicPattern": "Topic.*"},
      {"topics": None, "topic_pattern": re.compile("Topic.*")}),
@@ -187,6 +190,11 @@ INVALID = [
     ("twice-by-case", False, {"storePath": "{A}", "topic": "T", "TOPIC": "U"}, "topic", "given twice"),
     ("non-str-value", False, base(numPartitions=4), "numPartitions", "must be strings"),
     ("no-store", False, {"topic": "T"}, "storePath", "is required"),
+    ("groupStatePath-in-store-mode", True, base(consumerGroup="G", groupStatePath="{B}"),
+     "groupStatePath", "only applies to a streaming query with namesrvAddr"),
+    ("groupStatePath-in-batch", False, {"namesrvAddr": "h:1", "topic": "T", "consumerGroup": "G",
+                                        "groupStatePath": "{B}"},
+     "groupStatePath", "only applies to a streaming query"),
     ("namesrv-and-storePath", False, {"namesrvAddr": "h:1", "storePath": "{A}", "topic": "T"},
      "namesrvAddr", "are exclusive"),
     ("namesrv-and-offsetStorePath", False,
@@ -543,6 +551,13 @@ def test_credential_options_are_checked_without_showing_the_secret(extra, text):
     with raises_rmq(RmqOptionError, text) as info:
         parse_options({"namesrvAddr": "127.0.0.1:9876", "topic": "T", **extra}, streaming=True)
     assert "s3cr3t-value" not in str(info.value)
+
+
+def test_live_group_state_defaults_to_a_folder_per_cluster(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    opts = parse_options({"namesrvAddr": "ns1:9876;[::1]:9876", "topic": "T", "consumerGroup": "G"},
+                         streaming=True)
+    assert opts.group_state_path == str(tmp_path / "rmq_source" / "groups" / "ns1_9876____1__9876")
 
 
 def test_the_secret_key_is_not_in_the_repr_of_options():

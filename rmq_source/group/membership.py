@@ -143,6 +143,9 @@ class GroupMembership:
                         "query of a group must use one allocation strategy and one subscription: "
                         "give the same value, or use another consumerGroup")
 
+    def subscribe(self, topics) -> None:
+        """The topics the query reads now: nothing to do here (the members share one folder)."""
+
     def live_clients(self) -> list[str]:
         """Client ids whose last heartbeat is at most ``heartbeat_timeout_ms`` old, Java-sorted."""
         return self._live(self._state.read()["clients"], self.now_ms())

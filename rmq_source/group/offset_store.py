@@ -84,6 +84,15 @@ def default_offset_store_path(broker_stores: Mapping[str, str]) -> str:
     return os.path.join(next(iter(broker_stores.values())), DEFAULT_OFFSET_STORE_DIRNAME)
 
 
+def default_group_state_path(namesrv_addrs: Iterable[str]) -> str:
+    """Where a live-mode streaming query keeps its group's batch plans when ``groupStatePath`` is
+    not given: ``$XDG_CACHE_HOME/rmq_source/groups/<NameServers>`` (``~/.cache`` without it), on
+    the driver; one folder per cluster, so groups of the same name in two clusters stay apart."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    cluster = re.sub(r"[^A-Za-z0-9_.-]", "_", "+".join(namesrv_addrs))
+    return os.path.join(cache, "rmq_source", "groups", cluster)
+
+
 def check_offset_store_path(path: str, broker_stores: Mapping[str, str],
                             broker_names: Iterable[str]) -> None:
     """Raise :class:`RmqOptionError` (naming offsetStorePath) when the offset files of any broker in

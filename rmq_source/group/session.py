@@ -101,8 +101,11 @@ def _plans_to_keep(lines: list[str]) -> set[int]:
 class GroupSession:
     """Membership, allocation, locks and batch plans of one query in its group."""
 
-    def __init__(self, opts, strategy, group_store: GroupOffsetStore, *, state_dir: str | None = None):
-        """``state_dir`` holds the group's state files (default: ``opts.offset_store_path``)."""
+    def __init__(self, opts, strategy, group_store: GroupOffsetStore, *, state_dir: str | None = None,
+                 membership=None, locks=None):
+        """``state_dir`` holds the group's state files (default: ``opts.offset_store_path``);
+        ``membership`` and ``locks`` replace the file-based membership and lock table there (a live
+        cluster's brokers: :mod:`rmq_source.remote.membership`, :mod:`rmq_source.remote.locks`)."""
         self.opts = opts
         self.group = opts.consumer_group
         self.client_id = opts.client_id
@@ -110,10 +113,11 @@ class GroupSession:
         self.group_store = group_store
         self.state_dir = state_dir or opts.offset_store_path
         self.orderly = opts.orderly
-        self.membership = GroupMembership(self.state_dir, self.group, self.client_id,
-                                          heartbeat_timeout_ms=opts.lock_lease_ms,
-                                          options=member_options(opts))
-        self.locks = QueueLockManager(self.state_dir, self.group, lease_ms=opts.lock_lease_ms)
+        self.membership = membership if membership is not None else GroupMembership(
+            self.state_dir, self.group, self.client_id, heartbeat_timeout_ms=opts.lock_lease_ms,
+            options=member_options(opts))
+        self.locks = locks if locks is not None else QueueLockManager(
+            self.state_dir, self.group, lease_ms=opts.lock_lease_ms)
         self.view = ClientLockView(self.locks, self.client_id,
                                    client_lease_ms=opts.client_lock_lease_ms)
         self.plans_path = group_state_path(self.state_dir, self.group, "plans.jsonl")
@@ -172,6 +176,7 @@ class GroupSession:
         """
         if self._stopped:
             self.start()
+        self.membership.subscribe(mq.topic for mq in mqs)
         cid_all = self.membership.heartbeat()
         if self.client_id not in cid_all:  # our heartbeat was just written; be defensive
             cid_all = sorted(set(cid_all) | {self.client_id})
@@ -237,10 +242,13 @@ class GroupSession:
         waiting: dict[MessageQueue, LockEntry | None] = {
             mq: self.locks.entry(mq) for mq in sorted(planned - granted)}
         seen = [e for e in waiting.values() if e is not None]
-        if seen:
-            holders = sorted({e.client_id for e in seen})
+        # a holder that renews within a lease from now is alive (brokers show no holders: only
+        # this bound tells a dead holder's lock from a live one there)
+        give_up_ms = self.locks.now_ms() + self.locks.lease_ms + 2 * int(_WAIT_POLL_S * 1000)
+        if waiting:
+            holders = sorted({e.client_id for e in seen}) or ["another client"]
             now = self.locks.now_ms()
-            wait_ms = max(e.last_update_ms + e.lease_ms - now for e in seen)
+            wait_ms = max([e.last_update_ms + e.lease_ms - now for e in seen] or [self.locks.lease_ms])
             log.warning("consumer group %r: re-running a logged batch needs %d queue(s) locked by %s; "
                         "waiting up to %d ms for their lease to run out (a live holder keeps them): %s",
                         self.group, len(waiting), ", ".join(holders), max(0, wait_ms),
@@ -256,10 +264,11 @@ class GroupSession:
                     del waiting[mq]
                     continue
                 e = self.locks.entry(mq)
-                if e != waiting[mq] and e is not None:
+                if (e != waiting[mq] and e is not None) or self.locks.now_ms() > give_up_ms:
                     log.warning("consumer group %r: queue %s is held by the live member %r; the re-run "
                                 "batch leaves it to that member, which reads it from the group's "
-                                "progress", self.group, queue_key(mq), e.client_id)
+                                "progress", self.group, queue_key(mq),
+                                e.client_id if e is not None else "(not shown by the broker)")
                     del waiting[mq]
         # one more round renews every lock now, so tasks may trust them for the full client lease
         return set(self.view.lock_all(sorted(granted))) if granted else set()

@@ -303,10 +303,20 @@ class ClusterBackend(Backend):
         return BrokerOffsetStore(self.client, group, self.broker_addr)
 
     def group_session(self, opts, strategy, offset_store):
-        raise RmqOptionError(
-            "option consumerGroup with namesrvAddr: a streaming query that is a member of a "
-            "consumer group on the brokers is not supported yet; read with startingOffsets=group "
-            "in a batch query, or stream without consumerGroup")
+        """The query as a consumer of its group on the brokers (:mod:`.membership`), ordered
+        reading under the brokers' queue locks (:mod:`.locks`); its batch plans in
+        ``groupStatePath``."""
+        from rmq_source.group.session import GroupSession
+        from rmq_source.remote.locks import BrokerLockManager
+        from rmq_source.remote.membership import BrokerMembership
+        membership = BrokerMembership(self, opts.consumer_group, opts.client_id,
+                                      subscription=opts.subscription.expression,
+                                      consume_from_where=opts.consume_from_where,
+                                      heartbeat_timeout_ms=opts.lock_lease_ms)
+        membership.subscribe(opts.topics or ())
+        return GroupSession(opts, strategy, offset_store, state_dir=opts.group_state_path,
+                            membership=membership,
+                            locks=BrokerLockManager(self, opts.consumer_group, lease_ms=opts.lock_lease_ms))
 
     def group_topics(self, group: str) -> set[str]:
         raise RmqOptionError("listing a group's topics on the brokers is not supported yet; name "
@@ -323,4 +333,7 @@ class ClusterBackend(Backend):
         return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
 
     def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
-        raise RmqOptionError("orderly=true with namesrvAddr is not supported yet")
+        """The broker must still grant the driver's client id every queue of the task."""
+        from rmq_source.remote.locks import BrokerLockManager
+        BrokerLockManager(self, lock.group, lease_ms=lock.client_lease_ms + 1).assert_held_batch(
+            list(mqs), lock.client_id)

@@ -28,6 +28,7 @@ SEARCH_OFFSET_BY_TIMESTAMP = 29
 GET_MAX_OFFSET = 30
 GET_MIN_OFFSET = 31
 HEART_BEAT = 34
+UNREGISTER_CLIENT = 35
 GET_CONSUMER_LIST_BY_GROUP = 38
 LOCK_BATCH_MQ = 41
 UNLOCK_BATCH_MQ = 42
@@ -346,17 +347,30 @@ def client_id() -> str:
 
 
 def heartbeat(client: RemotingClient, broker: str, client_id_: str, *, consumer_groups: Mapping[str, list[str]] = (),
-              producer_groups: Iterable[str] = (), timeout=None) -> None:
-    """HEART_BEAT: ``consumer_groups`` maps a group to the topics it subscribes (all tags)."""
+              producer_groups: Iterable[str] = (), subscription: str = "*",
+              consume_from_where: str = "CONSUME_FROM_LAST_OFFSET", timeout=None) -> None:
+    """HEART_BEAT: ``consumer_groups`` maps a group to the topics it subscribes, each with the tag
+    expression ``subscription`` (its tags and their Java hash codes, as the Java client sends)."""
+    from rmq_source.subscription import Subscription
+    sub = Subscription.parse(subscription)
     consumers = [{
         "groupName": g, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
-        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
-        "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": "*", "tagsSet": [],
-                                 "codeSet": [], "subVersion": 0, "expressionType": "TAG"} for t in topics],
+        "consumeFromWhere": consume_from_where, "unitMode": False,
+        "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": sub.expression,
+                                 "tagsSet": list(sub.tags), "codeSet": list(sub.codes),
+                                 "subVersion": 0, "expressionType": "TAG"} for t in topics],
     } for g, topics in dict(consumer_groups).items()]
     body = {"clientID": client_id_, "producerDataSet": [{"groupName": g} for g in producer_groups],
             "consumerDataSet": consumers}
     client.invoke(broker, HEART_BEAT, {}, _dumps(body), timeout=timeout)
+
+
+def unregister_consumer(client: RemotingClient, broker: str, client_id_: str, group: str, *,
+                        timeout=None) -> None:
+    """UNREGISTER_CLIENT: ``client_id_`` leaves ``group`` on ``broker`` (at once, not after the
+    broker's channel expiry)."""
+    client.invoke(broker, UNREGISTER_CLIENT, {"clientID": client_id_, "consumerGroup": group},
+                  timeout=timeout)
 
 
 def consumer_list(client: RemotingClient, broker: str, group: str, *, timeout=None) -> list[str]:

@@ -25,6 +25,11 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                           "with it and secretKey (RocketMQ's AclClientRPCHook). Give both or neither."),
     "secretKey": ("none", "With namesrvAddr: the ACL account's secret key (never shown in logs, "
                           "errors, plans or offsets)."),
+    "groupStatePath": ("~/.cache/rmq_source/groups/<namesrvAddr>",
+                       "With namesrvAddr and consumerGroup (streaming): the folder of the group's "
+                       "batch plans (which queues each batch reads, so a restarted query re-runs a "
+                       "batch exactly; offsets, membership and locks are on the brokers). Share it "
+                       "between queries of the group whose drivers may restart on another host."),
     "storePath": ("required unless brokers or namesrvAddr",
                   "Root directory of one broker's store (the folder holding commitlog/, "
                   "consumequeue/ and config/)."),

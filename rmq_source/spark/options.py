@@ -40,7 +40,8 @@ from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.remote.acl import Credentials
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_DIRNAME,
-                                           check_offset_store_path, default_offset_store_path)
+                                           check_offset_store_path, default_group_state_path,
+                                           default_offset_store_path)
 from rmq_source.group.statefile import check_group
 from rmq_source.spark.option_docs import (ALLOCATE_STRATEGIES, CONSUME_FROM_WHERE, DEFAULT_BROKER_NAME,
                                           DEFAULT_CONSUME_TIMESTAMP_AGO_MS, NEARBY_INNER_STRATEGIES,
@@ -116,6 +117,7 @@ class SourceOptions:
     namesrv_addrs: tuple[str, ...] | None = None       # live cluster mode (brokers is then empty)
     request_timeout_ms: int = 10_000
     credentials: Credentials | None = None             # ACL (its repr hides the secret key)
+    group_state_path: str | None = None                # live mode, streaming with consumerGroup
 
     @property
     def broker_names(self) -> tuple[str, ...]:
@@ -498,6 +500,17 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         offset_store_path = default_offset_store_path(brokers)
     if offset_store_path is not None:
         check_offset_store_path(offset_store_path, brokers, brokers)
+    group_state_path = None
+    if "groupStatePath" in opts:
+        if not namesrv_addrs or group is None or not streaming:
+            raise RmqOptionError("option groupStatePath only applies to a streaming query with "
+                                 "namesrvAddr and consumerGroup (in store mode the group's state "
+                                 "lives in offsetStorePath)")
+        if not opts["groupStatePath"]:
+            raise fail("groupStatePath", opts["groupStatePath"], "expected a directory path")
+        group_state_path = os.path.abspath(opts["groupStatePath"])
+    elif namesrv_addrs and group is not None and streaming:
+        group_state_path = default_group_state_path(namesrv_addrs)
 
     # Locks (ordered mode) and, in a group, the members' heartbeat timeout and interval
     lock_values = {}
@@ -543,5 +556,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         lock_renew_interval_ms=lock_values["lockRenewIntervalMs"], client_id=client_id,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
-        credentials=credentials,
+        credentials=credentials, group_state_path=group_state_path,
     )

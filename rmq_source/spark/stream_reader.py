@@ -197,7 +197,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise RmqLockError(
                 f"consumer group {self.opts.consumer_group!r}: Trigger.AvailableNow waited {waited} ms "
                 f"(more than 3 x lockLeaseMs = {bound} ms) and {reason}; the group's state in "
-                f"{self.opts.offset_store_path} may hold entries of a client that no longer exists")
+                f"{self.session.state_dir} may hold entries of a client that no longer exists")
         if reason != self._wait_reason:   # said once per reason, not every poll
             self._wait_reason = reason
             log.warning("consumer group %r: Trigger.AvailableNow waits (%d ms so far): %s",

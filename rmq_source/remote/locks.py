@@ -1,0 +1,92 @@
+"""Queue locks of ordered consumption on the brokers (RocketMQ's RebalanceLockManager).
+
+LOCK_BATCH_MQ takes or renews a group's queues for a client id on the broker that serves them and
+answers the ones granted; UNLOCK_BATCH_MQ releases them. The broker keeps a lock for
+``rocketmq.broker.rebalance.lockMaxLiveTime`` (60 s by default) after its last renewal, so a query
+that died holds its queues until then, exactly as a Java orderly consumer does. The broker tells no
+one who holds a queue: a refused queue is someone else's.
+
+:class:`BrokerLockManager` has the interface of :class:`rmq_source.group.locks.QueueLockManager`
+that :class:`~rmq_source.group.locks.ClientLockView`, :class:`~rmq_source.group.locks.LockRenewer`
+and :class:`~rmq_source.group.session.GroupSession` use, so ordered consumption keeps RocketMQ's
+three locks with the broker's as the first.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from rmq_source.errors import RmqLockError
+from rmq_source.group.locks import _keyed, _queue_fields, queue_key
+from rmq_source.remote import requests as rq
+
+
+class BrokerLockManager:
+    """The locks of ``group`` on the brokers of ``backend`` (a ClusterBackend).
+
+    ``lease_ms`` is how long a lock lives on the broker after its last renewal as this query
+    assumes it (the broker's own lockMaxLiveTime must not be shorter); clients trust their locks
+    for a shorter client lease and renew well within it.
+    """
+
+    def __init__(self, backend, group: str, *, lease_ms: int):
+        self.backend = backend
+        self.group = group
+        self.lease_ms = lease_ms
+        self._clock = time.time
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    @staticmethod
+    def _by_broker(mqs: Iterable[Any]) -> dict[str, list[tuple[tuple[str, str, int], Any]]]:
+        """{broker name: [((topic, broker, queueId), the queue as given)]}, each queue once."""
+        out: dict[str, list] = {}
+        for key, mq in dict(_keyed(mqs)).items():
+            fields = _queue_fields(mq)
+            out.setdefault(fields[1], []).append((fields, mq))
+        return out
+
+    def try_lock_batch(self, mqs: Iterable[Any], client_id: str) -> set:
+        """Lock or renew ``mqs`` for ``client_id`` (one request per broker); the inputs granted."""
+        granted = set()
+        for broker, pairs in sorted(self._by_broker(mqs).items()):
+            fields = [f for f, _ in pairs]
+            got = self.backend._call(broker, lambda addr: rq.lock_batch(
+                self.backend.client, addr, self.group, client_id, fields))
+            granted.update(mq for f, mq in pairs if f in got)
+        return granted
+
+    #: the brokers renew a lock by taking it again (RocketMQ's clients re-lock every 20 s)
+    renew = try_lock_batch
+
+    def unlock_batch(self, mqs: Iterable[Any], client_id: str) -> set:
+        """Release ``mqs`` held by ``client_id`` (the brokers ignore queues it does not hold)."""
+        done = set()
+        for broker, pairs in sorted(self._by_broker(mqs).items()):
+            self.backend._call(broker, lambda addr: rq.unlock_batch(
+                self.backend.client, addr, self.group, client_id, [f for f, _ in pairs]))
+            done.update(mq for _, mq in pairs)
+        return done
+
+    def entry(self, mq: Any):
+        """The brokers do not show lock holders: always None (a waiting client retries until the
+        lease of a dead holder has run out, see GroupSession)."""
+        return None
+
+    def is_locked(self, mq: Any, client_id: str) -> bool:
+        """Whether ``client_id`` holds ``mq`` (asking renews it, as any RocketMQ client check does)."""
+        return bool(self.try_lock_batch([mq], client_id))
+
+    def assert_held_batch(self, mqs: Iterable[Any], client_id: str, client_lease_ms: int = 0) -> None:
+        """Raise RmqLockError unless ``client_id`` holds every queue of ``mqs`` on its broker (a
+        task's check before it reads; renewing the driver's locks is what the driver does anyway)."""
+        mqs = list(mqs)
+        granted = self.try_lock_batch(mqs, client_id)
+        missing = [queue_key(mq) for mq in mqs if mq not in granted]
+        if missing:
+            raise RmqLockError(
+                f"consumer group {self.group!r}: client {client_id!r} no longer holds the broker "
+                f"lock of {', '.join(missing)}; another member took the queue (the query's lease "
+                "ran out), so this task must not read it")
+

@@ -1,0 +1,107 @@
+"""A streaming query as a consumer of its group on the brokers (RocketMQ's own membership).
+
+The query heartbeats (HEART_BEAT) to the master of every broker that serves its topics, as a
+clustering consumer with its subscription, over the backend's kept connections: the brokers list
+it among the group's consumers (GET_CONSUMER_LIST_BY_GROUP) beside Java consumers of the same
+group, and every member allocates the queues with the same strategy over the same sorted lists.
+A member leaves with UNREGISTER_CLIENT; one that dies leaves when its connections close (or after
+the broker's channel expiry, about two minutes, when its host vanished).
+
+It has the interface :class:`rmq_source.group.session.GroupSession` uses of the file-based
+:class:`rmq_source.group.membership.GroupMembership`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterable
+
+from rmq_source.errors import RmqAuthError, RmqRemotingError
+from rmq_source.group.membership import java_sorted
+from rmq_source.remote import requests as rq
+
+log = logging.getLogger(__name__)
+
+
+class BrokerMembership:
+    """``client_id`` in ``group`` on the brokers of ``backend`` (a ClusterBackend)."""
+
+    def __init__(self, backend, group: str, client_id: str, *, subscription: str,
+                 consume_from_where: str, heartbeat_timeout_ms: int):
+        self.backend = backend
+        self.group = group
+        self.client_id = client_id
+        self.subscription = subscription
+        self.consume_from_where = consume_from_where
+        #: how long a member that stopped heartbeating may still hold queues (the session's bound
+        #: of waits; the brokers themselves expire a silent channel after about 120 s)
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.topics: tuple[str, ...] = ()
+        self._joined: set[str] = set()     # broker addresses heartbeated to
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """The topics the query reads now (its heartbeats name them)."""
+        self.topics = tuple(sorted(set(topics)))
+
+    def _brokers(self) -> list[str]:
+        """Master addresses of the brokers serving the topics (routes asked again each time, so a
+        broker added or moved is joined at the next heartbeat)."""
+        addrs = set()
+        for topic in self.topics:
+            route = self.backend.route(topic)
+            addrs.update(route.master_addrs().values())
+        return sorted(addrs)
+
+    def heartbeat(self) -> list[str]:
+        """Heartbeat to every broker of the topics; the group's consumers they list, Java-sorted
+        (this client included). A broker that cannot be reached is skipped (its queues are then
+        not readable either) unless none answers."""
+        answered, errors, cids = 0, [], set()
+        for addr in self._brokers():
+            try:
+                rq.heartbeat(self.backend.client, addr, self.client_id,
+                             consumer_groups={self.group: list(self.topics)},
+                             subscription=self.subscription,
+                             consume_from_where=self.consume_from_where)
+                self._joined.add(addr)
+                cids.update(rq.consumer_list(self.backend.client, addr, self.group))
+                answered += 1
+            except RmqAuthError:
+                raise            # an ACL refusal is not a broker being down
+            except RmqRemotingError as exc:
+                errors.append(f"{addr}: {exc}")
+        if errors and not answered:
+            raise RmqRemotingError(f"consumer group {self.group!r}: no broker took the heartbeat of "
+                                   f"{self.client_id!r}: " + "; ".join(errors))
+        if errors:
+            log.warning("consumer group %r: heartbeat of %r missed brokers: %s", self.group,
+                        self.client_id, "; ".join(errors))
+        return java_sorted(cids | {self.client_id})
+
+    def members(self) -> dict[str, int]:
+        """The group's consumers as the brokers list them now. The brokers keep no heartbeat
+        times: every listed member counts as heard from now (a dead one is gone from the list)."""
+        now = self.now_ms()
+        cids = set()
+        for addr in self._brokers():
+            try:
+                cids.update(rq.consumer_list(self.backend.client, addr, self.group))
+            except RmqRemotingError as exc:
+                log.warning("consumer group %r: consumer list of %s: %s", self.group, addr, exc)
+        return {cid: now for cid in cids}
+
+    def live_clients(self) -> list[str]:
+        return java_sorted(self.members())
+
+    def leave(self) -> None:
+        """Unregister from every broker joined (best effort: closing the connection does it too)."""
+        for addr in sorted(self._joined):
+            try:
+                rq.unregister_consumer(self.backend.client, addr, self.client_id, self.group)
+            except RmqRemotingError as exc:
+                log.info("consumer group %r: unregister from %s: %s", self.group, addr, exc)
+        self._joined.clear()
