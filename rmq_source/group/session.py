@@ -102,10 +102,15 @@ class GroupSession:
     """Membership, allocation, locks and batch plans of one query in its group."""
 
     def __init__(self, opts, strategy, group_store: GroupOffsetStore, *, state_dir: str | None = None,
-                 membership=None, locks=None):
+                 membership=None, locks=None, keep_own_progress: bool = False):
         """``state_dir`` holds the group's state files (default: ``opts.offset_store_path``);
         ``membership`` and ``locks`` replace the file-based membership and lock table there (a live
-        cluster's brokers: :mod:`rmq_source.remote.membership`, :mod:`rmq_source.remote.locks`)."""
+        cluster's brokers: :mod:`rmq_source.remote.membership`, :mod:`rmq_source.remote.locks`).
+
+        ``keep_own_progress``: a queue this query read in its last batch and still holds goes on
+        from the query's own offsets when the group's committed offset is behind them, as
+        RocketMQ's clients keep their in-memory offsets: a broker killed loses the commits it had
+        not yet flushed to its consumerOffset.json, and going back would read messages again."""
         self.opts = opts
         self.group = opts.consumer_group
         self.client_id = opts.client_id
@@ -113,6 +118,7 @@ class GroupSession:
         self.group_store = group_store
         self.state_dir = state_dir or opts.offset_store_path
         self.orderly = opts.orderly
+        self.keep_own_progress = keep_own_progress
         self.membership = membership if membership is not None else GroupMembership(
             self.state_dir, self.group, self.client_id, heartbeat_timeout_ms=opts.lock_lease_ms,
             options=member_options(opts))
@@ -196,7 +202,8 @@ class GroupSession:
             g = committed.get(mq, -1)
             # The previous batch's progress was just recorded, so for a queue this query kept reading
             # g == start; a different g means another query read it meanwhile (or a reset).
-            continuing = fresh or g < 0 or g == starts[mq]
+            continuing = (fresh or g < 0 or g == starts[mq]
+                          or (self.keep_own_progress and mq in previous and g < starts[mq]))
             if mq in granted and continuing:
                 read.add(mq)
             elif g >= 0 and (mq in granted or g > starts[mq]):

@@ -17,8 +17,10 @@ A pull answered "offset moved" below the queue's min offset reports the exact me
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -27,7 +29,7 @@ import numpy as np
 
 from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
 from rmq_source.errors import (RmqBrokerError, RmqOptionError, RmqRemotingConnectionError,
-                               RmqUnknownTopicError)
+                               RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
@@ -37,8 +39,11 @@ from rmq_source.subscription import Subscription
 PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
 PULLS_IN_FLIGHT = 4
+MAX_BACKOFF_S = 8.0
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
+
+log = logging.getLogger(__name__)
 
 _BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
 _LOCK = threading.Lock()
@@ -52,6 +57,10 @@ class ClusterBackendSpec(BackendSpec):
     namesrv_addrs: tuple[str, ...]
     timeout_s: float = 10.0
     pulls_in_flight: int = PULLS_IN_FLIGHT
+    #: a request that finds its broker unreachable, timing out or busy is tried again this many
+    #: times, the route asked again and the wait doubling from ``retry_backoff_s`` (capped)
+    retries: int = 5
+    retry_backoff_s: float = 0.5
     credentials: Credentials | None = None
     #: the consumer group pulls name (the query's consumerGroup when it has one): brokers with ACL
     #: check the account's permission on it, brokers without auto-created groups need it to exist
@@ -194,12 +203,35 @@ class ClusterBackend(Backend):
         return np.cumsum(np.asarray(sizes, dtype=np.int64))
 
     def _call(self, broker_name: str, fn):
-        """``fn(master address)``; a broken connection asks the NameServer again, once."""
-        try:
-            return fn(self.broker_addr(broker_name))
-        except RmqRemotingConnectionError:
+        """``fn(master address)``, tried again (``spec.retries`` times at most, with a doubling
+        backoff) while the broker is unreachable, times out, is busy or has no master in the
+        NameServers' view (a restarting broker); the master is looked up again before each try.
+        Other answers (errors of the request itself, ACL refusals) are not retried."""
+        delay = self.spec.retry_backoff_s
+        started = time.monotonic()
+        for attempt in range(self.spec.retries + 1):
+            try:
+                return fn(self.broker_addr(broker_name))
+            except (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqUnknownTopicError) as exc:
+                last = exc
+            except RmqBrokerError as exc:
+                if exc.code != rq.SYSTEM_BUSY:
+                    raise
+                last = exc
             self._forget(broker_name)
-            return fn(self.broker_addr(broker_name))
+            if attempt == self.spec.retries:
+                break
+            log.warning("broker %s: %s; trying again in %.1f s (%d of %d)", broker_name, last, delay,
+                        attempt + 1, self.spec.retries)
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+        took = time.monotonic() - started
+        if isinstance(last, (RmqRemotingConnectionError, RmqRemotingTimeoutError)):
+            raise type(last)(f"broker {broker_name}: gave up after {self.spec.retries + 1} tries in "
+                             f"{took:.1f} s (options requestRetries, retryBackoffMs): "
+                             f"{str(last).split('; request:')[0]}", peer=last.peer,
+                             request=last.request) from last
+        raise last
 
     # -- messages ------------------------------------------------------------------------------
     def _pull(self, mq: MessageQueue, offset: int, count: int, sub: Subscription) -> rq.PullResult:
@@ -300,7 +332,7 @@ class ClusterBackend(Backend):
     # -- group state ---------------------------------------------------------------------------
     def offset_store(self, group: str):
         from rmq_source.remote.offset_store import BrokerOffsetStore
-        return BrokerOffsetStore(self.client, group, self.broker_addr)
+        return BrokerOffsetStore(self.client, group, self._call)
 
     def group_session(self, opts, strategy, offset_store):
         """The query as a consumer of its group on the brokers (:mod:`.membership`), ordered
@@ -316,7 +348,8 @@ class ClusterBackend(Backend):
         membership.subscribe(opts.topics or ())
         return GroupSession(opts, strategy, offset_store, state_dir=opts.group_state_path,
                             membership=membership,
-                            locks=BrokerLockManager(self, opts.consumer_group, lease_ms=opts.lock_lease_ms))
+                            locks=BrokerLockManager(self, opts.consumer_group, lease_ms=opts.lock_lease_ms),
+                            keep_own_progress=True)
 
     def group_topics(self, group: str) -> set[str]:
         raise RmqOptionError("listing a group's topics on the brokers is not supported yet; name "

@@ -37,7 +37,7 @@ class BrokerMembership:
         #: of waits; the brokers themselves expire a silent channel after about 120 s)
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.topics: tuple[str, ...] = ()
-        self._joined: set[str] = set()     # broker addresses heartbeated to
+        self._joined: set[str] = set()     # names of the brokers heartbeated to
 
     @staticmethod
     def now_ms() -> int:
@@ -48,32 +48,33 @@ class BrokerMembership:
         self.topics = tuple(sorted(set(topics)))
 
     def _brokers(self) -> list[str]:
-        """Master addresses of the brokers serving the topics (routes asked again each time, so a
-        broker added or moved is joined at the next heartbeat)."""
-        addrs = set()
+        """Names of the brokers serving the topics (routes asked again each time, so a broker
+        added is joined at the next heartbeat)."""
+        names = set()
         for topic in self.topics:
-            route = self.backend.route(topic)
-            addrs.update(route.master_addrs().values())
-        return sorted(addrs)
+            names.update(self.backend.route(topic).master_addrs())
+        return sorted(names)
 
     def heartbeat(self) -> list[str]:
         """Heartbeat to every broker of the topics; the group's consumers they list, Java-sorted
-        (this client included). A broker that cannot be reached is skipped (its queues are then
-        not readable either) unless none answers."""
+        (this client included). A broker down is waited for with the backend's retries; one that
+        stays down is skipped (its queues are then not readable either) unless none answers."""
         answered, errors, cids = 0, [], set()
-        for addr in self._brokers():
-            try:
+        for name in self._brokers():
+            def beat(addr):
                 rq.heartbeat(self.backend.client, addr, self.client_id,
                              consumer_groups={self.group: list(self.topics)},
                              subscription=self.subscription,
                              consume_from_where=self.consume_from_where)
-                self._joined.add(addr)
-                cids.update(rq.consumer_list(self.backend.client, addr, self.group))
+                self._joined.add(name)
+                return rq.consumer_list(self.backend.client, addr, self.group)
+            try:
+                cids.update(self.backend._call(name, beat))
                 answered += 1
             except RmqAuthError:
                 raise            # an ACL refusal is not a broker being down
             except RmqRemotingError as exc:
-                errors.append(f"{addr}: {exc}")
+                errors.append(f"{name}: {exc}")
         if errors and not answered:
             raise RmqRemotingError(f"consumer group {self.group!r}: no broker took the heartbeat of "
                                    f"{self.client_id!r}: " + "; ".join(errors))
@@ -87,21 +88,24 @@ class BrokerMembership:
         times: every listed member counts as heard from now (a dead one is gone from the list)."""
         now = self.now_ms()
         cids = set()
-        for addr in self._brokers():
+        for name in self._brokers():
             try:
-                cids.update(rq.consumer_list(self.backend.client, addr, self.group))
+                cids.update(self.backend._call(name, lambda addr: rq.consumer_list(
+                    self.backend.client, addr, self.group)))
             except RmqRemotingError as exc:
-                log.warning("consumer group %r: consumer list of %s: %s", self.group, addr, exc)
+                log.warning("consumer group %r: consumer list of broker %s: %s", self.group, name, exc)
         return {cid: now for cid in cids}
 
     def live_clients(self) -> list[str]:
         return java_sorted(self.members())
 
     def leave(self) -> None:
-        """Unregister from every broker joined (best effort: closing the connection does it too)."""
-        for addr in sorted(self._joined):
+        """Unregister from every broker joined (best effort, no retries: closing the connection
+        does it too)."""
+        for name in sorted(self._joined):
             try:
+                addr = self.backend.broker_addr(name)
                 rq.unregister_consumer(self.backend.client, addr, self.client_id, self.group)
             except RmqRemotingError as exc:
-                log.info("consumer group %r: unregister from %s: %s", self.group, addr, exc)
+                log.info("consumer group %r: unregister from broker %s: %s", self.group, name, exc)
         self._joined.clear()

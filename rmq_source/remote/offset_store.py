@@ -17,12 +17,13 @@ from rmq_source.remote.client import RemotingClient
 
 
 class BrokerOffsetStore(OffsetTable):
-    """Offsets of ``group`` kept by the brokers; ``broker_addr(name)`` gives a broker's master."""
+    """Offsets of ``group`` kept by the brokers; ``call(broker name, fn)`` runs ``fn(address of
+    the broker's master)`` (with the backend's retries)."""
 
-    def __init__(self, client: RemotingClient, group: str, broker_addr: Callable[[str], str]):
+    def __init__(self, client: RemotingClient, group: str, call: Callable[[str, Callable], object]):
         super().__init__(group)
         self.client = client
-        self.broker_addr = broker_addr
+        self.call = call
 
     def __getstate__(self) -> dict:
         raise TypeError("a BrokerOffsetStore holds connections; tasks receive a BackendSpec instead")
@@ -33,13 +34,13 @@ class BrokerOffsetStore(OffsetTable):
     def _fetch(self, mqs: list[MessageQueue]) -> dict[MessageQueue, int]:
         found = {}
         for mq in mqs:
-            value = rq.query_consumer_offset(self.client, self.broker_addr(mq.broker_name), self.group,
-                                             mq.topic, mq.queue_id)
+            value = self.call(mq.broker_name, lambda addr: rq.query_consumer_offset(
+                self.client, addr, self.group, mq.topic, mq.queue_id))
             if value is not None and value >= 0:
                 found[mq] = value
         return found
 
     def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
-        addr = self.broker_addr(broker)
         for mq, offset in sorted(entries.items()):
-            rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset)
+            self.call(broker, lambda addr: rq.update_consumer_offset(
+                self.client, addr, self.group, mq.topic, mq.queue_id, offset))

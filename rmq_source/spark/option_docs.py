@@ -21,6 +21,12 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                     "take it). Exclusive with storePath/brokers/brokerName."),
     "requestTimeoutMs": ("10000", "With namesrvAddr: timeout of one request to a NameServer or "
                                   "broker, in ms."),
+    "requestRetries": ("5", "With namesrvAddr: how many times a request is tried again when its "
+                            "broker is unreachable, times out or is busy (a restarting broker), "
+                            "the route asked again each time; 0: never."),
+    "retryBackoffMs": ("500", "With namesrvAddr: the wait before the first retry, doubled for each "
+                              "next one up to 8 s (the defaults ride out about 15 s of a broker "
+                              "down)."),
     "accessKey": ("none", "With namesrvAddr: the ACL account's access key; every request is signed "
                           "with it and secretKey (RocketMQ's AclClientRPCHook). Give both or neither."),
     "secretKey": ("none", "With namesrvAddr: the ACL account's secret key (never shown in logs, "

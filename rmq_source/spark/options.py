@@ -116,6 +116,8 @@ class SourceOptions:
     batch_bytes: int
     namesrv_addrs: tuple[str, ...] | None = None       # live cluster mode (brokers is then empty)
     request_timeout_ms: int = 10_000
+    request_retries: int = 5
+    retry_backoff_ms: int = 500
     credentials: Credentials | None = None             # ACL (its repr hides the secret key)
     group_state_path: str | None = None                # live mode, streaming with consumerGroup
 
@@ -168,7 +170,7 @@ def _normalise(options: Mapping[str, str]) -> dict[str, str]:
 def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
     """The NameServers of a live cluster, or None for the store mode."""
     if "namesrvAddr" not in opts:
-        for name in ("requestTimeoutMs", "accessKey", "secretKey"):
+        for name in ("requestTimeoutMs", "requestRetries", "retryBackoffMs", "accessKey", "secretKey"):
             if name in opts:
                 raise RmqOptionError(f"option {name} only applies with namesrvAddr (a live "
                                      "cluster); store folders are read without credentials")
@@ -274,6 +276,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     credentials = _parse_credentials(opts)
     request_timeout_ms = (int_option("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
                                maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
+    request_retries = (int_option("requestRetries", opts["requestRetries"], minimum=0, maximum=100)
+                       if "requestRetries" in opts else 5)
+    retry_backoff_ms = (int_option("retryBackoffMs", opts["retryBackoffMs"], minimum=1,
+                                   maximum=60_000) if "retryBackoffMs" in opts else 500)
 
     # What to read
     chosen = [n for n in ("topic", "topicPattern", "assign") if n in opts]
@@ -556,5 +562,6 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         lock_renew_interval_ms=lock_values["lockRenewIntervalMs"], client_id=client_id,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
+        request_retries=request_retries, retry_backoff_ms=retry_backoff_ms,
         credentials=credentials, group_state_path=group_state_path,
     )

@@ -14,7 +14,9 @@ def open_backend(opts) -> Backend:
         from rmq_source.remote.backend import PULL_GROUP
         return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
                                   credentials=opts.credentials,
-                                  pull_group=opts.consumer_group or PULL_GROUP).open()
+                                  pull_group=opts.consumer_group or PULL_GROUP,
+                                  retries=opts.request_retries,
+                                  retry_backoff_s=opts.retry_backoff_ms / 1000.0).open()
     from rmq_source.store.backend import StoreBackend
     return StoreBackend(opts.brokers, opts.offset_store_path)
 
