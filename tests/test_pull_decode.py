@@ -158,3 +158,38 @@ def test_random_damage_never_crashes(store):
             assert exc.path == WHERE and 0 <= exc.position < len(bad), exc
     assert "ok" in outcomes and len(outcomes) >= 4, outcomes
     assert _live_batches() == before
+
+
+def test_pulls_in_flight_follow_answers_that_come_short():
+    """Brokers answer fewer messages than asked (at most 8 or 64 KiB when read from disk): the
+    pulls asked ahead are dropped and the next ones start where the answer ended, up to the end,
+    whatever the range's size against the pulls in flight."""
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.remote.backend import ClusterBackend, ClusterBackendSpec
+    from rmq_source.subscription import Subscription
+
+    for end in (1, 8, 31, 32, 33, 64, 100, 129, 1000):
+        for cap in (1, 3, 8, 32):
+            backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), pulls_in_flight=4))
+            asked = []
+
+            def pull(mq, offset, count, sub):
+                asked.append((offset, count))
+                return min(count, cap)        # a stand-in answer: how many messages it holds
+
+            backend._pull = pull
+            gen = backend._pulls(MessageQueue("T", "b", 0), 0, end, Subscription.parse("*"))
+            offsets, offset = [], 0
+            try:
+                got, n = next(gen)
+                while True:
+                    offsets.append(got)
+                    assert got == offset, (end, cap, got, offset)
+                    offset = got + n
+                    got, n = gen.send(offset)
+            except StopIteration:
+                pass
+            assert offset == end and offsets == sorted(set(offsets)), (end, cap, offsets)
+            assert all(o < end and o + c <= end for o, c in asked), (end, cap, asked)
+            if backend._pool is not None:
+                backend._pool.shutdown()

@@ -272,7 +272,9 @@ class ClusterBackend(Backend):
                 next_ask = offset
                 continue
             offset = yield asked, res
-            if ahead and ahead[0][0] != offset:
+            if not (ahead and ahead[0][0] == offset):
+                # the answer ended short of what was asked (brokers cap what they send per pull,
+                # e.g. 8 messages or 64 KiB read from disk): what was asked beyond is dropped
                 for _, f in ahead:
                     f.cancel()
                 ahead.clear()
