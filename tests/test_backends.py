@@ -169,17 +169,3 @@ def test_stream_available_now_with_limits(spark, topic, tmp_path, kind):
     assert sum(sizes) == total and max(sizes) <= 70 and len(sizes) == -(-total // 70), sizes
     rows = spark.sql(f"select queueId, queueOffset, msgId, body from {name}").collect()
     assert sorted((r.queueId, r.queueOffset) for r in rows) == _expect_offsets(topic, lambda r: True)
-
-
-def test_live_ordered_stream_in_a_group_is_refused_clearly(spark, topic, tmp_path):
-    """Not yet in live mode: ordered consumption with the queue locks on the brokers."""
-    reader = spark.readStream.format("rmq")
-    for k, v in {**topic.options("cluster"), "consumerGroup": "live_group", "orderly": "true",
-                 "groupStatePath": str(tmp_path / "state")}.items():
-        reader = reader.option(k, v)
-    q = (reader.load().writeStream.format("memory").queryName(f"refused_{uuid.uuid4().hex[:6]}")
-         .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
-    with pytest.raises(Exception) as info:      # StreamingQueryException, the RmqOptionError's text
-        q.awaitTermination(120)
-    assert "RmqOptionError" in str(info.value) and "orderly=true with namesrvAddr" in str(info.value)
-    assert "not supported yet" in str(info.value)

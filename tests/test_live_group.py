@@ -205,7 +205,7 @@ def test_java_consumer_and_query_resume_each_other(spark, rocketmq, tmp_path):
     second = send(5)
     lines = run_java(rocketmq, tmp_path, "GroupConsume", name, group, str(len(second)),
                      sources={"GroupConsume": JAVA_GROUP_CONSUMER}, timeout=180)
-    assert lines[-1] == "DONE", lines[-20:]
+    assert "DONE" in lines, lines[-20:]       # (the client may log after it)
     got = [tuple(map(int, line.split()[1:])) for line in lines if line.startswith("MSG ")]
     assert set(got) == second, (sorted(set(got) - second)[:5], sorted(second - set(got))[:5])
     with RemotingClient(timeout=15) as client:

@@ -40,6 +40,7 @@ PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
 PULLS_IN_FLIGHT = 4
 MAX_BACKOFF_S = 8.0
+COALESCE_BYTES = 4 << 20     # pull answers decoded together, at most
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
 
@@ -282,11 +283,29 @@ class ClusterBackend(Backend):
 
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
              on_data_loss, on_short_read) -> Iterator:
+        """Pull answers are decoded several at a time (consecutive answers are consecutive
+        CommitLog records): up to ``batch_rows`` messages or ``min(batch_bytes, 4 MiB)`` of records
+        a batch, so the per-batch work is not paid for every pull of 32 messages."""
         from rmq_source.store import native
         from rmq_source.store.reader import native_rows
 
         sub = subscription if isinstance(subscription, Subscription) else Subscription.parse(subscription)
         tags = None if sub.sub_all else tuple(sub.tags)
+        limit_bytes = min(batch_bytes, COALESCE_BYTES)
+        pending: list[bytes] = []        # bodies of SUCCESS answers not yet decoded, in order
+        first = [0, 0]                   # queue offset of the first of them, messages in them
+
+        def decode():
+            body = pending[0] if len(pending) == 1 else b"".join(pending)
+            where = (f"pull answer(s) of {mq} from offset {first[0]} "
+                     f"({self.broker_addr(mq.broker_name)}; byte positions in the answers joined)")
+            batch, after = native.decode_records(body, where=where, topic=mq.topic,
+                                                 queue_id=mq.queue_id, start=first[0], end=end,
+                                                 tags=tags, verify_crc=verify_crc)
+            pending.clear()
+            return (native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
+                    if batch.num_rows else None), after
+
         pulls = self._pulls(mq, start, end, sub)
         try:
             offset, res = next(pulls)
@@ -294,41 +313,56 @@ class ClusterBackend(Backend):
             return
         retries = 0
         while True:
-            where = f"pull answer of {mq} at offset {offset} from {self.broker_addr(mq.broker_name)}"
             if res.code == rq.SUCCESS:
-                batch, after = native.decode_records(res.body, where=where, topic=mq.topic,
-                                                     queue_id=mq.queue_id, start=offset, end=end,
-                                                     tags=tags, verify_crc=verify_crc)
-                if batch.num_rows:
-                    yield native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
-                nxt = max(res.next_begin_offset, after)
-                retries = 0
-            elif res.code == rq.PULL_OFFSET_MOVED and offset < res.min_offset:
-                on_data_loss(offset, min(res.min_offset, end))   # removed by retention
-                nxt = res.min_offset
-            elif res.code in (rq.PULL_NOT_FOUND, rq.PULL_OFFSET_MOVED):
-                if offset >= res.max_offset:
-                    on_short_read(offset, end, f"the broker's queue ends at offset {res.max_offset}, "
-                                  f"before the planned end {end}")
-                    return
-                nxt = max(res.next_begin_offset, offset)
-            elif res.code == rq.PULL_RETRY_IMMEDIATELY:
-                nxt = res.next_begin_offset     # nothing matched the filter up to there
+                if not pending:
+                    first[:] = [offset, 0]
+                pending.append(res.body)
+                first[1] += max(0, res.next_begin_offset - offset)
+                nxt = res.next_begin_offset
+                if (nxt <= offset or nxt >= end or first[1] >= batch_rows
+                        or sum(map(len, pending)) >= limit_bytes):
+                    rows, after = decode()
+                    if rows is not None:
+                        yield rows
+                    nxt = max(nxt, after)
+                if nxt > offset:
+                    retries = 0
             else:
-                raise RmqBrokerError(f"{where}: unexpected pull answer code {res.code} ({res.remark})",
-                                     code=res.code)
+                if pending:                     # what came before, then the answer's meaning
+                    rows, _ = decode()
+                    if rows is not None:
+                        yield rows
+                where = f"pull answer of {mq} at offset {offset} from {self.broker_addr(mq.broker_name)}"
+                if res.code == rq.PULL_OFFSET_MOVED and offset < res.min_offset:
+                    on_data_loss(offset, min(res.min_offset, end))   # removed by retention
+                    nxt = res.min_offset
+                elif res.code in (rq.PULL_NOT_FOUND, rq.PULL_OFFSET_MOVED):
+                    if offset >= res.max_offset:
+                        on_short_read(offset, end, f"the broker's queue ends at offset "
+                                      f"{res.max_offset}, before the planned end {end}")
+                        return
+                    nxt = max(res.next_begin_offset, offset)
+                elif res.code == rq.PULL_RETRY_IMMEDIATELY:
+                    nxt = res.next_begin_offset     # nothing matched the filter up to there
+                else:
+                    raise RmqBrokerError(f"{where}: unexpected pull answer code {res.code} "
+                                         f"({res.remark})", code=res.code)
             if nxt <= offset:
                 retries += 1
                 if retries > _MAX_RETRIES:
-                    raise RmqBrokerError(f"{where}: the broker answered code {res.code} ({res.remark}) "
-                                         f"{retries} times without moving past offset {offset}",
-                                         code=res.code)
+                    raise RmqBrokerError(f"pull answers of {mq} at offset {offset}: the broker "
+                                         f"answered code {res.code} ({res.remark}) {retries} times "
+                                         f"without moving past it", code=res.code)
                 nxt = offset
             if nxt >= end:
                 return
             try:
                 offset, res = pulls.send(nxt)
             except StopIteration:
+                if pending:
+                    rows, _ = decode()
+                    if rows is not None:
+                        yield rows
                 return
 
     # -- group state ---------------------------------------------------------------------------
