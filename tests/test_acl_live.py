@@ -151,7 +151,7 @@ def _refused(acl: AclCluster, creds, group=PULL_GROUP, topic=TOPIC, what="queues
 # (id, credentials, pull group, topic, operation, text the error must hold); the 4.9 broker
 # checks no permission on queue stats (only the signature), 5.x checks every request
 REFUSALS = [
-    ("no-credentials", None, GROUP, TOPIC, "read", "no credentials (set the options accessKey"),
+    ("no-credentials", None, GROUP, TOPIC, "read", "no credentials (if the broker has ACL on, set the options accessKey"),
     ("wrong-secret", Credentials(READER.access_key, "not-the-secret"), GROUP, TOPIC, "queues",
      "access key 'rmqReader'"),
     ("unknown-account", Credentials("nobody", "whatever-secret"), GROUP, TOPIC, "queues",

@@ -319,6 +319,13 @@ class QueueLockManager:
         e = self.entry(mq)
         return e is not None and e.is_locked_by(_check_client(client_id), self.now_ms())
 
+    def held_by(self, mqs: Iterable[Any], client_id: str) -> set:
+        """The queues of ``mqs`` that ``client_id`` holds now (one read of the file)."""
+        now = self.now_ms()
+        entries = self.entries()
+        return {mq for mq in mqs if (e := entries.get(queue_key(mq))) is not None
+                and e.is_locked_by(_check_client(client_id), now)}
+
     def assert_held(self, mq: Any, client_id: str,
                     client_lease_ms: int = DEFAULT_CLIENT_LEASE_MS) -> LockEntry:
         """Raise RmqLockError unless ``client_id`` owns ``mq`` and renewed it within the client lease

@@ -406,5 +406,5 @@ class GroupSession:
                 return None
             held = set(self._held)
         if self.orderly and held:
-            held = {mq for mq in held if self.locks.is_locked(mq, self.client_id)}
+            held = self.locks.held_by(held, self.client_id)
         return held

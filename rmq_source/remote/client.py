@@ -283,9 +283,9 @@ def is_auth_failure(resp: RemotingCommand) -> bool:
 def auth_error(resp: RemotingCommand, what: str, peer: str,
                credentials: Credentials | None) -> RmqAuthError:
     who = (f"access key {credentials.access_key!r}" if credentials is not None
-           else "no credentials (set the options accessKey and secretKey)")
+           else "no credentials (if the broker has ACL on, set the options accessKey and secretKey)")
     remark = (resp.remark or "(no remark)").split("\n")[0][:400]
-    return RmqAuthError(f"not authorized with {who}: server answered code {resp.code}: {remark}",
+    return RmqAuthError(f"refused with {who}: server answered code {resp.code}: {remark}",
                         code=resp.code, remark=resp.remark, peer=peer, request=what)
 
 

@@ -78,6 +78,10 @@ class BrokerLockManager:
         """Whether ``client_id`` holds ``mq`` (asking renews it, as any RocketMQ client check does)."""
         return bool(self.try_lock_batch([mq], client_id))
 
+    def held_by(self, mqs: Iterable[Any], client_id: str) -> set:
+        """The queues of ``mqs`` that ``client_id`` holds (one request per broker; renews them)."""
+        return self.try_lock_batch(mqs, client_id)
+
     def assert_held_batch(self, mqs: Iterable[Any], client_id: str, client_lease_ms: int = 0) -> None:
         """Raise RmqLockError unless ``client_id`` holds every queue of ``mqs`` on its broker (a
         task's check before it reads; renewing the driver's locks is what the driver does anyway)."""
