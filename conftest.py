@@ -266,18 +266,28 @@ def rocketmq_jars():
     return get
 
 
-@pytest.fixture(scope="session", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
-def rocketmq(request, rocketmq_jars, tmp_path_factory):
-    """A running NameServer and broker ``broker-a`` of one version, shared by the whole session."""
-    version, jars = rocketmq_jars(request.param)
-    workdir = tmp_path_factory.mktemp(f"rocketmq-{version}")
-    cluster = rocketmq_cluster.Cluster(version, jars, workdir)
+@contextlib.contextmanager
+def running_cluster(rocketmq_jars, line: str, tmp_path_factory, name: str, **kw):
+    """A NameServer and brokers of RocketMQ ``line`` (``Cluster`` keywords ``kw``) under a new
+    temporary folder ``<name>-<version>``, stopped afterwards; a server that does not start fails
+    the test with its log tails."""
+    version, jars = rocketmq_jars(line)
+    cluster = rocketmq_cluster.Cluster(version, jars, tmp_path_factory.mktemp(f"{name}-{version}"), **kw)
     try:
         cluster.start()
     except rocketmq_cluster.ServerError as exc:
         pytest.fail(str(exc), pytrace=False)
-    yield cluster
-    cluster.stop()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
+def rocketmq(request, rocketmq_jars, tmp_path_factory):
+    """A running NameServer and broker ``broker-a`` of one version, shared by the whole session."""
+    with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "rocketmq") as cluster:
+        yield cluster
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -53,3 +53,17 @@ def table(rows: list[dict], title: str | None = None) -> str:
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def stream_to_parquet(spark, options: dict, out: Path):
+    """Run a ``Trigger.AvailableNow`` stream of ``format("rmq")`` with ``options`` into
+    ``out/parquet`` (checkpoint ``out/checkpoint``), print its micro-batches, return the rows now
+    in the parquet folder."""
+    query = (spark.readStream.format("rmq").options(**options).load()
+             .writeStream.format("parquet")
+             .option("path", str(out / "parquet")).option("checkpointLocation", str(out / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    table([{"batch": p["batchId"], "rows": p["numInputRows"]} for p in query.recentProgress],
+          "micro-batches of this run")
+    return spark.read.parquet(str(out / "parquet")).count()

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import local_spark, table
+from _common import local_spark, stream_to_parquet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,20 +55,10 @@ def main() -> None:
     namesrv = args.namesrv or cluster.namesrv_addr
     try:
         spark = local_spark("stream a live cluster to parquet")
-        query = (spark.readStream.format("rmq")
-                 .option("namesrvAddr", namesrv).option("topic", args.topic)
-                 .option("consumerGroup", args.group)
-                 .option("consumeFromWhere", "CONSUME_FROM_FIRST_OFFSET")  # a new group starts at the beginning
-                 .option("groupStatePath", str(out / "group-state"))
-                 .option("maxMessagesPerTrigger", "500")
-                 .load()
-                 .writeStream.format("parquet")
-                 .option("path", str(out / "parquet")).option("checkpointLocation", str(out / "checkpoint"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        table([{"batch": p["batchId"], "rows": p["numInputRows"]} for p in query.recentProgress],
-              "micro-batches of this run")
-        total = spark.read.parquet(str(out / "parquet")).count()
+        total = stream_to_parquet(spark, {
+            "namesrvAddr": namesrv, "topic": args.topic, "consumerGroup": args.group,
+            "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",   # a new group starts at the beginning
+            "groupStatePath": str(out / "group-state"), "maxMessagesPerTrigger": "500"}, out)
         print(f"\n{total} messages in {out / 'parquet'}")
         spark.stop()
         print("\n== the group's progress on the brokers (rmq-store lag --namesrv)")

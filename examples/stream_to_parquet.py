@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from _common import generate, local_spark, table
+from _common import generate, local_spark, stream_to_parquet
 
 
 def main() -> None:
@@ -26,19 +26,10 @@ def main() -> None:
         generate(store, topic=args.topic, queues=4, messages=5_000, extra=["--no-progress"])
 
     spark = local_spark("stream to parquet")
-    query = (spark.readStream.format("rmq")
-             .option("storePath", str(store)).option("topic", args.topic)
-             .option("consumerGroup", args.group)
-             .option("consumeFromWhere", "CONSUME_FROM_FIRST_OFFSET")  # a new group starts at the beginning
-             .option("maxMessagesPerTrigger", "2000")
-             .load()
-             .writeStream.format("parquet")
-             .option("path", str(out / "parquet")).option("checkpointLocation", str(out / "checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
-    table([{"batch": p["batchId"], "rows": p["numInputRows"]} for p in query.recentProgress],
-          "micro-batches of this run")
-    total = spark.read.parquet(str(out / "parquet")).count()
+    total = stream_to_parquet(spark, {
+        "storePath": str(store), "topic": args.topic, "consumerGroup": args.group,
+        "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",   # a new group starts at the beginning
+        "maxMessagesPerTrigger": "2000"}, out)
     print(f"parquet rows in total: {total}")
     spark.stop()
 

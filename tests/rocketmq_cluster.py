@@ -550,6 +550,18 @@ class Cluster:
         raise ServerError(f"broker {name} at {addr} not in the NameServer's cluster info after "
                           f"{timeout:.0f} s (last: {last!r}):\n{self.log_tails()}")
 
+    def create_topic(self, client, topic: str, queues: int, *, broker: str = "broker-a",
+                     timeout: float = 30.0) -> None:
+        """Create ``topic`` with ``queues`` queues on ``broker`` through ``client`` (ACL-signed when
+        it is) and wait until the NameServer routes it."""
+        from rmq_source.remote import requests as rq
+        rq.create_topic(client, self.brokers[broker].addr, topic, read_queues=queues)
+        deadline = time.monotonic() + timeout
+        while not rq.topic_route(client, self.namesrv_addr, topic).queue_datas:
+            if time.monotonic() > deadline:
+                raise ServerError(f"topic {topic} not routed by the NameServer after {timeout:.0f} s")
+            time.sleep(0.2)
+
     def mqadmin(self, *args: str, access_key: str | None = None, secret_key: str | None = None,
                 timeout: float = 120.0) -> str:
         """Run RocketMQ's own ``mqadmin`` (the tools jar of this version) against this cluster's

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import raises_rmq
+from conftest import BROKER_LINES, raises_rmq, running_cluster
 from rmq_source.errors import RmqAuthError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import RemotingClient
@@ -64,18 +64,11 @@ class AclCluster:
         return out
 
 
-@pytest.fixture(scope="module", params=("4.9", "5.3"), ids=lambda line: f"rocketmq-{line}")
+@pytest.fixture(scope="module", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
 def acl(request, rocketmq_jars, tmp_path_factory):
-    import rocketmq_cluster
-    version, jars = rocketmq_jars(request.param)
-    is_v4 = version.startswith("4.")
-    cluster = rocketmq_cluster.Cluster(version, jars, tmp_path_factory.mktemp(f"acl-{version}"),
-                                       broker_kw={"acl": _accounts(is_v4)})
-    try:
-        cluster.start()
-    except rocketmq_cluster.ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
+    is_v4 = request.param.startswith("4.")
+    with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "acl",
+                         broker_kw={"acl": _accounts(is_v4)}) as cluster:
         c = AclCluster(cluster)
         if not is_v4:
             resources = ",".join([f"Topic:{TOPIC}"] + [f"Group:{g}" for g in READER_GROUPS])
@@ -84,11 +77,7 @@ def acl(request, rocketmq_jars, tmp_path_factory):
                             access_key=ADMIN.access_key, secret_key=ADMIN.secret_key)
         with RemotingClient(timeout=15, credentials=ADMIN) as admin:
             for topic in (TOPIC, DENIED):
-                rq.create_topic(admin, c.broker.addr, topic, read_queues=QUEUES)
-            deadline = time.monotonic() + 30
-            while not rq.topic_route(admin, c.namesrv, TOPIC).queue_datas:
-                assert time.monotonic() < deadline, "the topic never reached the NameServer"
-                time.sleep(0.2)
+                cluster.create_topic(admin, topic, QUEUES)
             for n in range(MESSAGES):
                 body = b"acl-%d-" % n + uuid.uuid4().bytes
                 for topic in (TOPIC, DENIED):
@@ -97,8 +86,6 @@ def acl(request, rocketmq_jars, tmp_path_factory):
             for q in range(QUEUES):
                 rq.wait_max_offset(admin, c.broker.addr, TOPIC, q, len(c.bodies[q]))
         yield c
-    finally:
-        cluster.stop()
 
 
 def _backend(acl: AclCluster, creds: Credentials | None, group: str = PULL_GROUP):

@@ -338,9 +338,7 @@ def test_broker_store_read_by_us(rocketmq, tmp_path, spark):
                     time.sleep(0.3)
                 assert len(rows) == len(pulled[q])
             # the real Java producer: tags, keys, user properties, bodies it compresses, a queue selector
-            rq.create_topic(client, broker.addr, "J", read_queues=3)
-            while not rq.topic_route(client, rocketmq.namesrv_addr, "J").queue_datas:
-                time.sleep(0.2)
+            rocketmq.create_topic(client, "J", 3, broker="broker-c")
             sent = run_java_producer(rocketmq, tmp_path, "J", 12)
             assert len(sent) == 12
             last = {}

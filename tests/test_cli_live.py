@@ -37,11 +37,7 @@ def live(rocketmq):
     topic = f"Cli_{uuid.uuid4().hex[:8]}"
     broker = rocketmq.brokers["broker-a"].addr
     with RemotingClient(timeout=15) as client:
-        rq.create_topic(client, broker, topic, read_queues=2)
-        deadline = time.monotonic() + 30
-        while not rq.topic_route(client, rocketmq.namesrv_addr, topic).queue_datas:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        rocketmq.create_topic(client, topic, 2)
         second = 0
         for rnd in range(2):
             if rnd:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 
 import pytest
 
-from conftest import raises_rmq
+from conftest import BROKER_LINES, raises_rmq, running_cluster
 from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingTimeoutError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -25,28 +24,16 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 QUEUES = 4
 
 
-@pytest.fixture(scope="module", params=("4.9", "5.3"), ids=lambda line: f"rocketmq-{line}")
+@pytest.fixture(scope="module", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
 def own_cluster(request, rocketmq_jars, tmp_path_factory):
-    import rocketmq_cluster
-    version, jars = rocketmq_jars(request.param)
-    cluster = rocketmq_cluster.Cluster(version, jars, tmp_path_factory.mktemp(f"faults-{version}"))
-    try:
-        cluster.start()
-    except rocketmq_cluster.ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield cluster
-    cluster.stop()
+    with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "faults") as cluster:
+        yield cluster
 
 
 def _topic(cluster) -> str:
     name = f"Fault_{uuid.uuid4().hex[:8]}"
-    broker = cluster.brokers["broker-a"]
     with RemotingClient(timeout=15) as client:
-        rq.create_topic(client, broker.addr, name, read_queues=QUEUES)
-        deadline = time.monotonic() + 30
-        while not rq.topic_route(client, cluster.namesrv_addr, name).queue_datas:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        cluster.create_topic(client, name, QUEUES)
     return name
 
 

@@ -28,11 +28,7 @@ def topic(rocketmq):
     name = f"LiveGroup_{uuid.uuid4().hex[:8]}"
     broker = rocketmq.brokers["broker-a"]
     with RemotingClient(timeout=15) as client:
-        rq.create_topic(client, broker.addr, name, read_queues=QUEUES)
-        deadline = time.monotonic() + 30
-        while not rq.topic_route(client, rocketmq.namesrv_addr, name).queue_datas:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        rocketmq.create_topic(client, name, QUEUES)
         for q in range(QUEUES):
             for i in range(PER_QUEUE):
                 rq.send_message(client, broker.addr, name, b"q%d-%d" % (q, i), queue_id=q, tags="t")
@@ -194,11 +190,7 @@ def test_java_consumer_and_query_resume_each_other(spark, rocketmq, tmp_path):
         return new
 
     with RemotingClient(timeout=15) as client:
-        rq.create_topic(client, broker.addr, name, read_queues=QUEUES)
-        deadline = time.monotonic() + 30
-        while not rq.topic_route(client, rocketmq.namesrv_addr, name).queue_datas:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        rocketmq.create_topic(client, name, QUEUES)
     first = send(6)
     assert _run(spark, rocketmq, name, group, tmp_path) == first
 

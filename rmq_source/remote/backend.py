@@ -293,7 +293,7 @@ class ClusterBackend(Backend):
         tags = None if sub.sub_all else tuple(sub.tags)
         limit_bytes = min(batch_bytes, COALESCE_BYTES)
         pending: list[bytes] = []        # bodies of SUCCESS answers not yet decoded, in order
-        first = [0, 0]                   # queue offset of the first of them, messages in them
+        first = [0, 0, 0]                # queue offset of the first of them; messages, bytes in them
 
         def decode():
             body = pending[0] if len(pending) == 1 else b"".join(pending)
@@ -315,12 +315,13 @@ class ClusterBackend(Backend):
         while True:
             if res.code == rq.SUCCESS:
                 if not pending:
-                    first[:] = [offset, 0]
+                    first[:] = [offset, 0, 0]
                 pending.append(res.body)
                 first[1] += max(0, res.next_begin_offset - offset)
+                first[2] += len(res.body)
                 nxt = res.next_begin_offset
                 if (nxt <= offset or nxt >= end or first[1] >= batch_rows
-                        or sum(map(len, pending)) >= limit_bytes):
+                        or first[2] >= limit_bytes):
                     rows, after = decode()
                     if rows is not None:
                         yield rows
