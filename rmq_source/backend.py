@@ -131,6 +131,12 @@ class Backend(abc.ABC):
     def info(self, mq: MessageQueue) -> QueueInfo:
         return self.infos([mq])[mq]
 
+    def infos_reachable(self, mqs: Iterable[MessageQueue]
+                        ) -> tuple[dict[MessageQueue, QueueInfo], dict[str, Exception]]:
+        """(:meth:`infos` of the queues whose broker answers, {broker name: why it does not} for
+        the others). A store always answers; a live cluster's broker may be away."""
+        return self.infos(mqs), {}
+
     @abc.abstractmethod
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """The first offset whose message was stored at or after ``timestamp_ms`` (the max offset

@@ -91,6 +91,11 @@ class RmqRemotingConnectionError(RmqRemotingError, ConnectionError):
     """The connection could not be made, was closed, or ended in the middle of a frame."""
 
 
+class RmqBrokerUnavailableError(RmqRemotingConnectionError):
+    """A broker serving queues of the query stayed unreachable (or without a master) after the
+    request retries; the message names it, its queues and what ``failOnDataLoss`` would do."""
+
+
 class RmqRemotingProtocolError(RmqRemotingError):
     """The peer sent bytes that are not a valid remoting frame (size limit, header, serialize type)."""
 

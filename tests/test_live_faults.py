@@ -30,23 +30,43 @@ def own_cluster(request, rocketmq_jars, tmp_path_factory):
         yield cluster
 
 
-def _topic(cluster) -> str:
+def _topic(cluster, brokers=("broker-a",)) -> str:
     name = f"Fault_{uuid.uuid4().hex[:8]}"
     with RemotingClient(timeout=15) as client:
-        cluster.create_topic(client, name, QUEUES)
+        for broker in brokers:
+            cluster.create_topic(client, name, QUEUES, broker=broker)
+        deadline = time.monotonic() + 30
+        while {q["brokerName"] for q in rq.topic_route(client, cluster.namesrv_addr, name).queue_datas
+               } != set(brokers):
+            assert time.monotonic() < deadline, f"topic {name} not routed to {brokers}"
+            time.sleep(0.2)
     return name
 
 
-def _send(cluster, topic: str, per_queue: int, tag: str) -> set[bytes]:
-    broker = cluster.brokers["broker-a"]
+def _send(cluster, topic: str, per_queue: int, tag: str, broker: str = "broker-a") -> set[bytes]:
+    addr = cluster.brokers[broker].addr
     bodies = set()
     with RemotingClient(timeout=15) as client:
         for q in range(QUEUES):
             for i in range(per_queue):
-                body = f"{tag}-{q}-{i}".encode()
-                rq.send_message(client, broker.addr, topic, body, queue_id=q, tags="t")
+                body = f"{tag}-{broker}-{q}-{i}".encode()
+                rq.send_message(client, addr, topic, body, queue_id=q, tags="t")
                 bodies.add(body)
     return bodies
+
+
+def _sink_rows(spark, sink) -> list[bytes]:
+    if not (sink / "_spark_metadata").is_dir():
+        return []
+    return [bytes(r.body) for r in spark.read.schema("body binary").parquet(str(sink)).collect()]
+
+
+def _wait_for(q, what: str, done, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert q.exception() is None, q.exception()
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
 
 
 def test_broker_killed_and_restarted_under_a_streaming_group_query(spark, own_cluster, tmp_path):
@@ -66,9 +86,7 @@ def test_broker_killed_and_restarted_under_a_streaming_group_query(spark, own_cl
          .start())
     try:
         def committed() -> list[bytes]:
-            if not (sink / "_spark_metadata").is_dir():
-                return []
-            return [bytes(r.body) for r in spark.read.schema("body binary").parquet(str(sink)).collect()]
+            return _sink_rows(spark, sink)
 
         deadline = time.monotonic() + 120
         while len(committed()) < 16:
@@ -124,3 +142,86 @@ def test_no_nameserver_answers(spark):
         spark.read.format("rmq").options(namesrvAddr=addrs, topic="T").load().collect()
     for addr in addrs.split(";"):
         assert addr in info.text
+
+
+def _second_broker(cluster, tmp_path):
+    """broker-b on the module's NameServer, for one test (stopped by the caller)."""
+    return cluster.start_broker("broker-b", workdir=tmp_path / "broker-b")
+
+
+def _stream(spark, cluster, topic, tmp_path, **options):
+    sink = tmp_path / "sink"
+    q = (spark.readStream.format("rmq")
+         .options(namesrvAddr=cluster.namesrv_addr, topic=topic, startingOffsets="earliest",
+                  requestRetries="1", retryBackoffMs="200", requestTimeoutMs="3000", **options)
+         .load().select("body").writeStream.format("parquet").option("path", str(sink))
+         .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="300 milliseconds")
+         .start())
+    return q, sink
+
+
+def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_cluster, tmp_path):
+    """failOnDataLoss=false: while broker-b is gone (SIGKILL) broker-a's queues go on, broker-b's
+    wait; once it is back (same store) they go on from where they stopped. Exactly once into the
+    sink, and the group's offsets on both brokers end at the queues' ends."""
+    _second_broker(own_cluster, tmp_path)
+    try:
+        topic = _topic(own_cluster, ("broker-a", "broker-b"))
+        group = f"LostGroup_{uuid.uuid4().hex[:6]}"
+        sent = _send(own_cluster, topic, 4, "one") | _send(own_cluster, topic, 4, "one", "broker-b")
+        q, sink = _stream(spark, own_cluster, topic, tmp_path, consumerGroup=group,
+                          failOnDataLoss="false", groupStatePath=str(tmp_path / "state"),
+                          lockRenewIntervalMs="1000")
+        try:
+            _wait_for(q, "the first messages never reached the sink",
+                      lambda: set(_sink_rows(spark, sink)) == sent)
+            time.sleep(1.5)   # a batch or two more: the group's progress of that batch is written
+            own_cluster.brokers["broker-b"].kill()
+            sent |= (away := _send(own_cluster, topic, 3, "two"))
+            _wait_for(q, "broker-a's queues stopped while broker-b was away",
+                      lambda: away <= set(_sink_rows(spark, sink)))
+            own_cluster.start_broker("broker-b")         # same port and store
+            sent |= _send(own_cluster, topic, 3, "three", "broker-b")
+            sent |= _send(own_cluster, topic, 2, "three")
+            _wait_for(q, "broker-b's queues did not go on once it was back",
+                      lambda: set(_sink_rows(spark, sink)) == sent, timeout=180)
+            rows = _sink_rows(spark, sink)
+            assert len(rows) == len(set(rows)), "a message reached the sink twice"
+            with RemotingClient(timeout=15) as client:
+                ends = {(b, i): rq.max_offset(client, own_cluster.brokers[b].addr, topic, i)
+                        for b in ("broker-a", "broker-b") for i in range(QUEUES)}
+                deadline = time.monotonic() + 60
+                while {(b, i): rq.query_consumer_offset(client, own_cluster.brokers[b].addr, group,
+                                                        topic, i) for b, i in ends} != ends:
+                    assert time.monotonic() < deadline, "the group's offsets never reached the ends"
+                    time.sleep(0.5)
+        finally:
+            q.stop()
+    finally:
+        own_cluster.stop_broker("broker-b")
+
+
+def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark, own_cluster, tmp_path):
+    """failOnDataLoss=true (the default): the query fails after the retries, naming the broker,
+    its queues and the option."""
+    _second_broker(own_cluster, tmp_path)
+    try:
+        topic = _topic(own_cluster, ("broker-a", "broker-b"))
+        sent = _send(own_cluster, topic, 2, "one") | _send(own_cluster, topic, 2, "one", "broker-b")
+        q, sink = _stream(spark, own_cluster, topic, tmp_path)
+        try:
+            _wait_for(q, "the first messages never reached the sink",
+                      lambda: set(_sink_rows(spark, sink)) == sent)
+            own_cluster.brokers["broker-b"].kill()
+            deadline = time.monotonic() + 90
+            while q.exception() is None:
+                assert time.monotonic() < deadline, "the query did not fail without broker-b"
+                time.sleep(0.5)
+            text = str(q.exception())
+            for part in ("RmqBrokerUnavailableError", "broker broker-b does not answer",
+                         f"topic={topic}, brokerName=broker-b", "failOnDataLoss=false"):
+                assert part in text, text[-2000:]
+        finally:
+            q.stop()
+    finally:
+        own_cluster.stop_broker("broker-b")

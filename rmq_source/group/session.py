@@ -107,10 +107,12 @@ class GroupSession:
         ``membership`` and ``locks`` replace the file-based membership and lock table there (a live
         cluster's brokers: :mod:`rmq_source.remote.membership`, :mod:`rmq_source.remote.locks`).
 
-        ``keep_own_progress``: a queue this query read in its last batch and still holds goes on
-        from the query's own offsets when the group's committed offset is behind them, as
-        RocketMQ's clients keep their in-memory offsets: a broker killed loses the commits it had
-        not yet flushed to its consumerOffset.json, and going back would read messages again."""
+        ``keep_own_progress``: a queue this query read in its last batch and still holds, or whose
+        progress this query committed last (:attr:`own_progress`, e.g. before its broker went
+        away), goes on from the query's own offsets when the group's committed offset is behind
+        them, as RocketMQ's clients keep their in-memory offsets: a broker killed loses the commits
+        it had not yet flushed to its consumerOffset.json, and going back would read messages
+        again."""
         self.opts = opts
         self.group = opts.consumer_group
         self.client_id = opts.client_id
@@ -131,6 +133,8 @@ class GroupSession:
         self._fresh_process = True              # nothing planned yet by this process
         self._batch_key: str | None = None      # plan_key of the batch this process planned last
         self.allocated: set[MessageQueue] = set()  # queues the strategy gave this query last time
+        #: the group progress this process committed last, per queue (see keep_own_progress)
+        self.own_progress: dict[MessageQueue, int] = {}
         self._mutex = threading.Lock()
         self._renewer: LockRenewer | None = None
         self._stopped = False
@@ -202,8 +206,9 @@ class GroupSession:
             g = committed.get(mq, -1)
             # The previous batch's progress was just recorded, so for a queue this query kept reading
             # g == start; a different g means another query read it meanwhile (or a reset).
+            ours = mq in previous or self.own_progress.get(mq) == starts[mq]
             continuing = (fresh or g < 0 or g == starts[mq]
-                          or (self.keep_own_progress and mq in previous and g < starts[mq]))
+                          or (self.keep_own_progress and ours and g < starts[mq]))
             if mq in granted and continuing:
                 read.add(mq)
             elif g >= 0 and (mq in granted or g > starts[mq]):

@@ -28,8 +28,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
-from rmq_source.errors import (RmqBrokerError, RmqOptionError, RmqRemotingConnectionError,
-                               RmqRemotingTimeoutError, RmqUnknownTopicError)
+from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqOptionError,
+                               RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
@@ -43,6 +43,8 @@ MAX_BACKOFF_S = 8.0
 COALESCE_BYTES = 4 << 20     # pull answers decoded together, at most
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
+#: errors that say the broker is not there (as opposed to an answer refusing the request)
+_UNREACHABLE = (RmqRemotingConnectionError, RmqRemotingTimeoutError)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class ClusterBackend(Backend):
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._down: set[str] = set()   # brokers whose last call failed after every retry
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -120,7 +123,7 @@ class ClusterBackend(Backend):
             info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
             addr = info.master_addr(broker_name)
             if addr is None:
-                raise RmqUnknownTopicError(f"broker {broker_name!r} has no master in {self.where()}")
+                raise RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}")
             with self._mutex:
                 self._masters[broker_name] = addr
         return addr
@@ -173,22 +176,42 @@ class ClusterBackend(Backend):
         return sorted(out)
 
     def check_broker(self, broker_name: str) -> None:
-        self.broker_addr(broker_name)
+        try:
+            self.broker_addr(broker_name)
+        except RmqBrokerUnavailableError as exc:
+            raise RmqUnknownTopicError(str(exc)) from None
 
     # -- offsets -------------------------------------------------------------------------------
     def infos(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, QueueInfo]:
+        found, down = self.infos_reachable(mqs)
+        for exc in down.values():
+            raise exc
+        return found
+
+    def infos_reachable(self, mqs: Iterable[MessageQueue]
+                        ) -> tuple[dict[MessageQueue, QueueInfo], dict[str, Exception]]:
+        """One GET_TOPIC_STATS_INFO per broker and topic. A broker that stays unreachable (or
+        without a master in the NameServers' view) after the retries is in the second dict with
+        its error; its queues are not in the first."""
         mqs = list(mqs)
         groups: dict[tuple[str, str], list[MessageQueue]] = {}
         for mq in mqs:
             groups.setdefault((mq.broker_name, mq.topic), []).append(mq)
-        found = {}
+        found: dict[MessageQueue, QueueInfo] = {}
+        down: dict[str, Exception] = {}
         for (broker, topic), group in groups.items():
-            stats = self._call(broker, lambda addr: rq.topic_stats(self.client, addr, topic))
+            if broker in down:
+                continue
+            try:
+                stats = self._call(broker, lambda addr: rq.topic_stats(self.client, addr, topic))
+            except _UNREACHABLE as exc:
+                down[broker] = exc
+                continue
             for mq in group:
                 s = stats.get(mq.queue_id)
                 found[mq] = (QueueInfo(topic, mq.queue_id, s.min_offset, s.max_offset) if s is not None
                              else QueueInfo(topic, mq.queue_id, 0, 0))
-        return {mq: found[mq] for mq in mqs}
+        return {mq: found[mq] for mq in mqs if mq in found}, down
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
         return self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
@@ -203,34 +226,45 @@ class ClusterBackend(Backend):
             sizes.extend(batch.column("storeSize").to_pylist())
         return np.cumsum(np.asarray(sizes, dtype=np.int64))
 
-    def _call(self, broker_name: str, fn):
+    def _call(self, broker_name: str, fn, *, ride_out: bool = False):
         """``fn(master address)``, tried again (``spec.retries`` times at most, with a doubling
         backoff) while the broker is unreachable, times out, is busy or has no master in the
         NameServers' view (a restarting broker); the master is looked up again before each try.
-        Other answers (errors of the request itself, ACL refusals) are not retried."""
+        Other answers (errors of the request itself, ACL refusals) are not retried.
+
+        A broker whose last call failed after every try is tried once, without waiting, until it
+        answers again: planning while a broker is away does not wait the whole backoff in every
+        batch. ``ride_out`` (pulls of planned messages) always uses every retry."""
+        known_down = not ride_out and broker_name in self._down
+        retries = 0 if known_down else self.spec.retries
         delay = self.spec.retry_backoff_s
         started = time.monotonic()
-        for attempt in range(self.spec.retries + 1):
+        for attempt in range(retries + 1):
             try:
-                return fn(self.broker_addr(broker_name))
-            except (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqUnknownTopicError) as exc:
+                result = fn(self.broker_addr(broker_name))
+            except _UNREACHABLE as exc:
                 last = exc
             except RmqBrokerError as exc:
                 if exc.code != rq.SYSTEM_BUSY:
                     raise
                 last = exc
+            else:
+                self._down.discard(broker_name)
+                return result
             self._forget(broker_name)
-            if attempt == self.spec.retries:
+            if attempt == retries:
                 break
             log.warning("broker %s: %s; trying again in %.1f s (%d of %d)", broker_name, last, delay,
-                        attempt + 1, self.spec.retries)
+                        attempt + 1, retries)
             time.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
+        self._down.add(broker_name)
         took = time.monotonic() - started
         if isinstance(last, (RmqRemotingConnectionError, RmqRemotingTimeoutError)):
-            raise type(last)(f"broker {broker_name}: gave up after {self.spec.retries + 1} tries in "
-                             f"{took:.1f} s (options requestRetries, retryBackoffMs): "
-                             f"{str(last).split('; request:')[0]}", peer=last.peer,
+            tries = ("1 try (it did not answer the previous call's tries either)" if known_down
+                     else f"{retries + 1} tries in {took:.1f} s")
+            raise type(last)(f"broker {broker_name}: gave up after {tries} (options requestRetries, "
+                             f"retryBackoffMs): {str(last).split('; request:')[0]}", peer=last.peer,
                              request=last.request) from last
         raise last
 
@@ -239,7 +273,7 @@ class ClusterBackend(Backend):
         expression = sub.expression if not sub.sub_all else "*"
         return self._call(mq.broker_name, lambda addr: rq.pull(
             self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-            max_nums=max(1, min(count, PULL_BATCH)), subscription=expression))
+            max_nums=max(1, min(count, PULL_BATCH)), subscription=expression), ride_out=True)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._mutex:

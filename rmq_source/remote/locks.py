@@ -13,12 +13,15 @@ three locks with the broker's as the first.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Iterable
 
-from rmq_source.errors import RmqLockError
+from rmq_source.errors import RmqAuthError, RmqLockError, RmqRemotingError
 from rmq_source.group.locks import _keyed, _queue_fields, queue_key
 from rmq_source.remote import requests as rq
+
+log = logging.getLogger(__name__)
 
 
 class BrokerLockManager:
@@ -47,25 +50,47 @@ class BrokerLockManager:
             out.setdefault(fields[1], []).append((fields, mq))
         return out
 
-    def try_lock_batch(self, mqs: Iterable[Any], client_id: str) -> set:
-        """Lock or renew ``mqs`` for ``client_id`` (one request per broker); the inputs granted."""
-        granted = set()
+    def _lock(self, mqs: Iterable[Any], client_id: str) -> tuple[set, set]:
+        """Lock or renew ``mqs`` for ``client_id``, one request per broker: (the inputs granted,
+        the inputs of brokers that did not answer after the backend's retries)."""
+        granted, away = set(), set()
         for broker, pairs in sorted(self._by_broker(mqs).items()):
             fields = [f for f, _ in pairs]
-            got = self.backend._call(broker, lambda addr: rq.lock_batch(
-                self.backend.client, addr, self.group, client_id, fields))
+            try:
+                got = self.backend._call(broker, lambda addr: rq.lock_batch(
+                    self.backend.client, addr, self.group, client_id, fields))
+            except RmqAuthError:
+                raise
+            except RmqRemotingError as exc:
+                log.warning("consumer group %r: lock of %d queue(s) on broker %s: %s", self.group,
+                            len(pairs), broker, exc)
+                away.update(mq for _, mq in pairs)
+                continue
             granted.update(mq for f, mq in pairs if f in got)
-        return granted
+        return granted, away
+
+    def try_lock_batch(self, mqs: Iterable[Any], client_id: str) -> set:
+        """Lock or renew ``mqs`` for ``client_id`` (one request per broker); the inputs granted.
+        A broker that does not answer grants nothing (the others are still asked)."""
+        return self._lock(mqs, client_id)[0]
 
     #: the brokers renew a lock by taking it again (RocketMQ's clients re-lock every 20 s)
     renew = try_lock_batch
 
     def unlock_batch(self, mqs: Iterable[Any], client_id: str) -> set:
-        """Release ``mqs`` held by ``client_id`` (the brokers ignore queues it does not hold)."""
+        """Release ``mqs`` held by ``client_id`` (the brokers ignore queues it does not hold). A
+        broker that does not answer is skipped: its locks end with their lease (or died with it)."""
         done = set()
         for broker, pairs in sorted(self._by_broker(mqs).items()):
-            self.backend._call(broker, lambda addr: rq.unlock_batch(
-                self.backend.client, addr, self.group, client_id, [f for f, _ in pairs]))
+            try:
+                self.backend._call(broker, lambda addr: rq.unlock_batch(
+                    self.backend.client, addr, self.group, client_id, [f for f, _ in pairs]))
+            except RmqAuthError:
+                raise
+            except RmqRemotingError as exc:
+                log.warning("consumer group %r: unlock of %d queue(s) on broker %s: %s", self.group,
+                            len(pairs), broker, exc)
+                continue
             done.update(mq for _, mq in pairs)
         return done
 
@@ -79,8 +104,11 @@ class BrokerLockManager:
         return bool(self.try_lock_batch([mq], client_id))
 
     def held_by(self, mqs: Iterable[Any], client_id: str) -> set:
-        """The queues of ``mqs`` that ``client_id`` holds (one request per broker; renews them)."""
-        return self.try_lock_batch(mqs, client_id)
+        """The queues of ``mqs`` that ``client_id`` holds (one request per broker; renews them).
+        Those of a broker that does not answer count as held: no one can take them there while it
+        is away, and the progress this query made on them is still its own to write."""
+        granted, away = self._lock(mqs, client_id)
+        return granted | away
 
     def assert_held_batch(self, mqs: Iterable[Any], client_id: str, client_lease_ms: int = 0) -> None:
         """Raise RmqLockError unless ``client_id`` holds every queue of ``mqs`` on its broker (a

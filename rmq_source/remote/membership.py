@@ -1,7 +1,8 @@
 """A streaming query as a consumer of its group on the brokers (RocketMQ's own membership).
 
 The query heartbeats (HEART_BEAT) to the master of every broker that serves its topics, as a
-clustering consumer with its subscription, over the backend's kept connections: the brokers list
+clustering consumer with its subscription, over connections of its own (a broker knows a consumer
+by its connection: two members sharing one would replace each other there): the brokers list
 it among the group's consumers (GET_CONSUMER_LIST_BY_GROUP) beside Java consumers of the same
 group, and every member allocates the queues with the same strategy over the same sorted lists.
 A member leaves with UNREGISTER_CLIENT; one that dies leaves when its connections close (or after
@@ -19,6 +20,7 @@ from typing import Iterable
 from rmq_source.errors import RmqAuthError, RmqRemotingError
 from rmq_source.group.membership import java_sorted
 from rmq_source.remote import requests as rq
+from rmq_source.remote.client import RemotingClient
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class BrokerMembership:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.topics: tuple[str, ...] = ()
         self._joined: set[str] = set()     # names of the brokers heartbeated to
+        self.client = RemotingClient(timeout=backend.spec.timeout_s,
+                                     credentials=backend.spec.credentials)
 
     @staticmethod
     def now_ms() -> int:
@@ -62,12 +66,12 @@ class BrokerMembership:
         answered, errors, cids = 0, [], set()
         for name in self._brokers():
             def beat(addr):
-                rq.heartbeat(self.backend.client, addr, self.client_id,
+                rq.heartbeat(self.client, addr, self.client_id,
                              consumer_groups={self.group: list(self.topics)},
                              subscription=self.subscription,
                              consume_from_where=self.consume_from_where)
                 self._joined.add(name)
-                return rq.consumer_list(self.backend.client, addr, self.group)
+                return rq.consumer_list(self.client, addr, self.group)
             try:
                 cids.update(self.backend._call(name, beat))
                 answered += 1
@@ -91,7 +95,7 @@ class BrokerMembership:
         for name in self._brokers():
             try:
                 cids.update(self.backend._call(name, lambda addr: rq.consumer_list(
-                    self.backend.client, addr, self.group)))
+                    self.client, addr, self.group)))
             except RmqRemotingError as exc:
                 log.warning("consumer group %r: consumer list of broker %s: %s", self.group, name, exc)
         return {cid: now for cid in cids}
@@ -100,12 +104,13 @@ class BrokerMembership:
         return java_sorted(self.members())
 
     def leave(self) -> None:
-        """Unregister from every broker joined (best effort, no retries: closing the connection
-        does it too)."""
+        """Unregister from every broker joined (best effort, no retries), then close the
+        member's connections (which a broker takes as leaving too); a later heartbeat reconnects."""
         for name in sorted(self._joined):
             try:
                 addr = self.backend.broker_addr(name)
-                rq.unregister_consumer(self.backend.client, addr, self.client_id, self.group)
+                rq.unregister_consumer(self.client, addr, self.client_id, self.group)
             except RmqRemotingError as exc:
                 log.info("consumer group %r: unregister from broker %s: %s", self.group, name, exc)
         self._joined.clear()
+        self.client.close()

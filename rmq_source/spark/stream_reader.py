@@ -27,7 +27,8 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
 from rmq_source.group.allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
-from rmq_source.errors import RmqAllocationError, RmqLockError
+from rmq_source.errors import (RmqAllocationError, RmqAuthError, RmqBrokerUnavailableError, RmqLockError,
+                               RmqRemotingError)
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.spark.offsets import from_json_dict, to_json_dict
 from rmq_source.backend import TaskLock
@@ -68,6 +69,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._session: GroupSession | None = None
         self._wait_reason: str | None = None   # last reason a group AvailableNow run waited for
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
+        self._away: set[str] = set()       # brokers whose queues wait (failOnDataLoss=false)
+        self._unsaved: dict[MessageQueue, int] = {}  # group commits their broker did not take yet
 
     @property
     def session(self) -> GroupSession | None:
@@ -89,16 +92,37 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # A position forced by options wins over the group's progress in the first batch.
             self._fresh = (self.opts.starting_timestamp is not None
                            or self.opts.starting_offsets != "group")
-            mqs = self._queues()
+            infos = self._reachable_infos(self._queues())
+            mqs = sorted(infos)   # a queue of a broker away is picked up as new when it is back
             starts = starting_offsets(self.backend, mqs, self.opts, self.group_store)
-            infos = self.backend.infos(mqs)
             self._initial = to_json_dict(
                 {mq: check_data_loss(mq, starts[mq], infos[mq], self.opts.fail_on_data_loss)
                  for mq in mqs})
         return self._initial
 
-    def _latest(self, mqs) -> dict[MessageQueue, int]:
-        infos = self.backend.infos(mqs)
+    def _reachable_infos(self, mqs) -> dict:
+        """:meth:`Backend.infos` of the queues whose broker answers. A broker that stays away
+        after the request retries fails the query with ``failOnDataLoss=true``; with ``false`` its
+        queues are left out (they wait, warned once per absence) and read again once it answers."""
+        infos, down = self.backend.infos_reachable(mqs)
+        for broker, exc in sorted(down.items()):
+            queues = sorted(mq for mq in mqs if mq.broker_name == broker)
+            msg = (f"broker {broker} does not answer, so its {len(queues)} queue(s) of this query "
+                   f"(e.g. {queues[0]}) cannot be read: {exc}")
+            if self.opts.fail_on_data_loss:
+                raise RmqBrokerUnavailableError(
+                    msg + "; set failOnDataLoss=false to let its queues wait while the other "
+                    "brokers' queues are read", peer=getattr(exc, "peer", None)) from exc
+            if broker not in self._away:
+                log.warning("%s; they wait until it answers again (failOnDataLoss=false)", msg)
+        back = self._away - set(down)
+        if back:
+            log.warning("broker(s) %s answer again; their queues are read from where they stopped",
+                        ", ".join(sorted(back)))
+        self._away = set(down)
+        return infos
+
+    def _latest(self, mqs, infos) -> dict[MessageQueue, int]:
         latest = {mq: infos[mq].max_offset for mq in mqs}
         if self._target is not None:
             # Trigger.AvailableNow: nothing written after prepareForTriggerAvailableNow is read.
@@ -109,10 +133,10 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """``start`` plus queues discovered since, which begin at their current min offset."""
         starts = from_json_dict(start, what="start offset")
         new = [mq for mq in mqs if mq not in starts]
-        if new:
-            infos = self.backend.infos(new)
-            for mq in new:
-                starts[mq] = infos[mq].min_offset
+        if new:   # (one of a broker that does not answer is new again at the next batch)
+            infos, _ = self.backend.infos_reachable(new)
+            for mq, info in infos.items():
+                starts[mq] = info.min_offset
         return starts
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -128,8 +152,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._fresh = False
         waited_since: int | None = None
         while True:
-            latest = self._latest(mqs)
-            read, end = self._plan(mqs, starts, latest, limit, fresh)
+            infos = self._reachable_infos(mqs)
+            latest = self._latest(sorted(infos), infos)
+            read, end = self._plan(mqs, starts, latest, infos, limit, fresh)
             if self.session is None or self._target is None or end != starts:
                 break
             # Trigger.AvailableNow and nothing to read now: done, unless the target is not reached
@@ -143,23 +168,26 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial)
-            if self._target is not None and end == starts and all(
+            if self._target is not None and end == starts and not self._away and all(
                     latest[mq] >= self._target.get(mq, 0) for mq in read):
                 # Trigger.AvailableNow is done (Spark may not stop this process promptly): give
                 # the queues back to the group now. A later call would simply rejoin.
                 self.session.stop()
         return end_json
 
-    def _plan(self, mqs, starts, latest, limit, fresh: bool
+    def _plan(self, mqs, starts, latest, infos, limit, fresh: bool
               ) -> tuple[set[MessageQueue], dict[MessageQueue, int]]:
-        """(queues this batch reads, end offset of every queue) after allocation and the limits."""
+        """(queues this batch reads, end offset of every queue) after allocation and the limits.
+        Only queues whose broker answered (``infos``) are allocated and read: as RocketMQ's own
+        clients allocate over the route, which loses a broker that is gone."""
+        here = [mq for mq in mqs if mq in infos]
         if self.session is not None:
-            read, moved = self.session.choose(mqs, starts, fresh=fresh)
+            read, moved = self.session.choose(here, starts, fresh=fresh)
         else:
-            read = set(mqs) - unallocated(mqs, self._batch_strategy, "", self.opts.num_partitions,
-                                          self.opts.client_id)
+            read = set(here) - unallocated(here, self._batch_strategy, "", self.opts.num_partitions,
+                                           self.opts.client_id)
             moved = {}
-        starts = self._skip_lost(starts, read)
+        starts = self._skip_lost(starts, read, infos)
         backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
         if not isinstance(limit, ReadAllAvailable):
             backlog = self._admit(backlog, starts)
@@ -217,13 +245,13 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             self._commit_group({mq: o for mq, o in start_map.items() if mq in held})
 
-    def _skip_lost(self, starts: dict[MessageQueue, int], read) -> dict[MessageQueue, int]:
+    def _skip_lost(self, starts: dict[MessageQueue, int], read, infos) -> dict[MessageQueue, int]:
         """``starts`` with each queue to read moved past offsets the store no longer has (retention,
         a re-created queue), all at once: each lost offset is reported once (or raises with
         ``failOnDataLoss``), see :func:`rmq_source.spark.positions.check_data_loss`."""
-        infos = self.backend.infos(sorted(read))
         out = dict(starts)
-        for mq, info in infos.items():
+        for mq in sorted(read):
+            info = infos[mq]
             out[mq] = check_data_loss(mq, starts[mq], info, self.opts.fail_on_data_loss,
                                       self._lost_reported)
         return out
@@ -315,14 +343,14 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict:
-        mqs = self._queues()
-        infos = self.backend.infos(mqs)
-        return to_json_dict({mq: infos[mq].max_offset for mq in mqs})
+        infos, _ = self.backend.infos_reachable(self._queues())   # (a metric: brokers away left out)
+        return to_json_dict({mq: info.max_offset for mq, info in infos.items()})
 
     def prepareForTriggerAvailableNow(self) -> None:
-        mqs = self._queues()
-        infos = self.backend.infos(mqs)
-        self._target = {mq: infos[mq].max_offset for mq in mqs}
+        """The run's target: each queue's max offset now. A queue of a broker away
+        (failOnDataLoss=false) gets none: the run does not wait for it."""
+        infos = self._reachable_infos(self._queues())
+        self._target = {mq: info.max_offset for mq, info in infos.items()}
 
     # -- planning and reading ----------------------------------------------------------------
     def partitions(self, start: dict, end: dict):
@@ -341,7 +369,15 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts = from_json_dict(start, what="recorded start offset")
             planned = self.session.resume_batch(start, end, planned, first)
             ends = {mq: o for mq, o in ends.items() if mq in planned}
-        infos = self.backend.infos(list(ends))
+        # queues the batch does not move need no broker (one that is away may be among them)
+        ends = {mq: o for mq, o in ends.items() if o != starts.get(mq)}
+        infos, down = self.backend.infos_reachable(list(ends))
+        for broker, exc in sorted(down.items()):
+            raise RmqBrokerUnavailableError(
+                f"broker {broker} does not answer and the batch {start} -> {end} (in the "
+                f"checkpoint) reads its queues: it cannot be read until the broker is back (the "
+                f"batch's offsets are logged, skipping its messages would lose them): {exc}",
+                peer=getattr(exc, "peer", None)) from exc
         ranges = []
         for mq, stop in sorted(ends.items()):
             if mq in starts:
@@ -387,12 +423,36 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
 
     def _commit_group(self, offsets: dict[MessageQueue, int]) -> None:
-        if self.group_store is None or offsets == self._committed:
+        """Write ``offsets`` as the group's progress, one broker (or store file) at a time. With
+        ``failOnDataLoss=false`` the entries of a broker that does not answer are kept and written
+        again at every later commit until it takes them (as RocketMQ's clients persist their
+        memory table): its queues wait meanwhile, so nothing newer can pass them."""
+        if self.group_store is None:
             return
+        if offsets == self._committed and not self._unsaved:
+            return
+        offsets = {**self._unsaved, **offsets}
+        by_broker: dict[str, list[MessageQueue]] = {}
         for mq, offset in offsets.items():
             self.group_store.update_offset(mq, offset, increase_only=False)
-        self.group_store.persist(list(offsets))
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        unsaved = {}
+        for broker, mqs in sorted(by_broker.items()):
+            try:
+                self.group_store.persist(mqs)
+            except RmqAuthError:
+                raise
+            except RmqRemotingError as exc:
+                if self.opts.fail_on_data_loss:
+                    raise
+                log.warning("consumer group %r: broker %s did not take the progress of %d queue(s) "
+                            "(kept, written again at the next batch): %s", self.opts.consumer_group,
+                            broker, len(mqs), exc)
+                unsaved.update({mq: offsets[mq] for mq in mqs})
+        self._unsaved = unsaved
         self._committed = dict(offsets)
+        if self._session is not None:
+            self._session.own_progress.update(offsets)
 
     def stop(self) -> None:
         """Clean stop: release this query's queue locks and leave the group."""
