@@ -224,7 +224,10 @@ class JavaServer:
     name = "server"
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, heap_mb: int = 320,
-                 direct_mb: int = 256):
+                 direct_mb: int = 256, system_props: dict | None = None):
+        """``system_props``: Java system properties (``-Dkey=value``) of the JVM, e.g. the
+        broker's ``rocketmq.broker.rebalance.lockMaxLiveTime``."""
+        self.system_props = dict(system_props or {})
         self.version = version
         self.jars = Path(jars)
         self.workdir = Path(workdir)
@@ -253,6 +256,7 @@ class JavaServer:
                 f"-Duser.home={self.home}", f"-Drocketmq.home.dir={self.rocketmq_home}",
                 "-Drocketmq.broker.diskSpaceWarningLevelRatio=0.98",
                 "-Drocketmq.client.logUseSlf4j=true", "-Dio.netty.leakDetection.level=disabled",
+                *(f"-D{k}={v}" for k, v in self.system_props.items()),
                 "-cp", f"{self.jars}/*", main, *args]
 
     def java_env(self) -> dict:

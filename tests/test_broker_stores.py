@@ -259,9 +259,9 @@ public class Dump {
 JAVA_SOURCES = {"Produce": JAVA_PRODUCER, "Consume": JAVA_CONSUMER, "Dump": JAVA_DUMP}
 
 
-def run_java(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, timeout=120):
-    """Compile ``sources`` ({class: text}) once into ``workdir/java`` and run ``main`` with the real
-    client of the cluster's version (first argument: the NameServer); returns its stdout lines."""
+def java_command(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, system_props=None):
+    """The command running ``main`` with the real client of the cluster's version (first argument:
+    the NameServer), ``sources`` ({class: text}) compiled once into ``workdir/java``."""
     if rc_cluster.shutil.which("javac") is None:
         rocketmq_skip("the Java client tests need a JDK 17 (javac)")
     src = workdir / "java"
@@ -273,9 +273,15 @@ def run_java(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, timeout=120):
         subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src),
                         *(str(src / f"{name}.java") for name in sources)],
                        check=True, capture_output=True, timeout=180)
-    out = subprocess.run(["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
-                          f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
-                          "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args],
+    return ["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
+            f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
+            *(f"-D{k}={v}" for k, v in (system_props or {}).items()),
+            "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args]
+
+
+def run_java(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, timeout=120):
+    """Run :func:`java_command` to its end; its stdout lines."""
+    out = subprocess.run(java_command(rocketmq, workdir, main, *args, sources=sources),
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout.splitlines()

@@ -228,20 +228,44 @@ class GroupSession:
         A batch this process planned itself is read as planned: its locks were taken then. Any
         other batch is a re-run Spark asks for after a restart (or of a query restarted in the same
         process): with ``orderly`` the queues are locked first (:meth:`_lock_for_rerun`); a queue a
-        live member holds is left out, since that member reads it from the group's progress. The
-        queues read are recorded as this client's plan of the batch, so the next planning commits
-        exactly them and a second crash re-runs the same read set.
+        live member holds is left out, since that member reads it from the group's progress. So is
+        (except in a first batch, whose start may be forced below the group's progress) a queue
+        whose group progress is past the batch's start: another member read it from there after
+        the batch was planned. The queues read are recorded as this client's plan of the batch, so
+        the next planning commits exactly them and a second crash re-runs the same read set.
         """
         if self._stopped:
             self.start()
         if self._batch_key == plan_key(start, end):
             return planned
         read = self._lock_for_rerun(planned) if self.orderly else set(planned)
+        if not first:
+            kept = self._not_read_since(read, start)
+            if self.orderly and read - kept:
+                self.view.unlock(sorted(read - kept))   # theirs to read now: no need to wait
+            read = kept
         with self._mutex:
             self._held = set(read)
             self._fresh_process = False
         self.record_plan(start, end, read, first=first)
         return read
+
+    def _not_read_since(self, mqs: set[MessageQueue], start: dict) -> set[MessageQueue]:
+        """The queues of ``mqs`` whose group progress is not past their offset in ``start`` (the
+        others were read by another member from the group's progress meanwhile)."""
+        if not mqs:
+            return mqs
+        committed = self.group_store.read_offsets(sorted(mqs), ReadOffsetType.READ_FROM_STORE)
+        keep = set()
+        for mq in mqs:
+            begin = int(start.get(mq.topic, {}).get(mq.broker_name, {}).get(str(mq.queue_id), -1))
+            if committed.get(mq, -1) > begin >= 0:
+                log.warning("consumer group %r: queue %s moved to %d in the group since this batch was "
+                            "planned from %d (another member read it): the re-run leaves it out",
+                            self.group, queue_key(mq), committed[mq], begin)
+            else:
+                keep.add(mq)
+        return keep
 
     def _lock_for_rerun(self, planned: set[MessageQueue]) -> set[MessageQueue]:
         """Lock ``planned`` for a re-run: free, own and expired entries are taken at once; for an

@@ -107,8 +107,10 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "minPartitions": ("none", "orderly=false only: split large ranges to reach at least this many tasks."),
     "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention, or are gone "
                                "when a task reads its planned range (a queue's ConsumeQueue "
-                               "removed or shorter than planned, a store removed); false: skip "
-                               "them with a warning giving the range and count."),
+                               "removed or shorter than planned, a store removed), or when a "
+                               "live broker stays away after the retries; false: skip lost "
+                               "messages with a warning giving the range and count, and let an "
+                               "away broker's queues wait until it is back."),
     "offsetStorePath": (f"<first store root>/{DEFAULT_OFFSET_STORE_DIRNAME}",
                         "With consumerGroup: where the group's committed offsets live "
                         "(<offsetStorePath>/<brokerName>/consumerOffset.json). Never inside a "

@@ -28,7 +28,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 
 from rmq_source.group.allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
 from rmq_source.errors import (RmqAllocationError, RmqAuthError, RmqBrokerUnavailableError, RmqLockError,
-                               RmqRemotingError)
+                               RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError)
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.spark.offsets import from_json_dict, to_json_dict
 from rmq_source.backend import TaskLock
@@ -152,9 +152,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._fresh = False
         waited_since: int | None = None
         while True:
-            infos = self._reachable_infos(mqs)
-            latest = self._latest(sorted(infos), infos)
-            read, end = self._plan(mqs, starts, latest, infos, limit, fresh)
+            read, end, latest = self._plan_reachable(mqs, starts, limit, fresh)
             if self.session is None or self._target is None or end != starts:
                 break
             # Trigger.AvailableNow and nothing to read now: done, unless the target is not reached
@@ -174,6 +172,23 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # the queues back to the group now. A later call would simply rejoin.
                 self.session.stop()
         return end_json
+
+    def _plan_reachable(self, mqs, starts, limit, fresh: bool):
+        """:meth:`_plan` over the queues whose broker answers now: (read, end, latest). A broker
+        that stops answering during the planning (after its statistics came) is found away by
+        planning again (``failOnDataLoss=false``; with true the error stands)."""
+        tries = 0
+        while True:
+            infos = self._reachable_infos(mqs)
+            latest = self._latest(sorted(infos), infos)
+            try:
+                read, end = self._plan(mqs, starts, latest, infos, limit, fresh)
+                return read, end, latest
+            except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
+                tries += 1
+                if self.opts.fail_on_data_loss or tries == 3:
+                    raise
+                log.warning("planning again without the broker that stopped answering: %s", exc)
 
     def _plan(self, mqs, starts, latest, infos, limit, fresh: bool
               ) -> tuple[set[MessageQueue], dict[MessageQueue, int]]:
