@@ -389,15 +389,17 @@ class Broker(JavaServer):
     def __init__(self, version: str, jars: Path, workdir: Path, *, namesrv: str, name: str = "broker-a",
                  cluster: str = "DefaultCluster", port: int | None = None, store: Path | None = None,
                  commitlog_size: int = COMMITLOG_SIZE, cq_units: int = CQ_UNITS,
-                 extra: dict | None = None, acl: list[dict] | None = None, **kw):
+                 extra: dict | None = None, acl: list[dict] | None = None, broker_id: int = 0, **kw):
         """``acl``: accounts of RocketMQ's plain ACL (``accessKey``, ``secretKey``, ``admin``,
         ``defaultTopicPerm``, ``defaultGroupPerm``, ``topicPerms``, ``groupPerms``) turn ACL on:
         4.9 reads them from ``conf/plain_acl.yml``; 5.x migrates that file into its ACL 2.0 users
-        and policies at boot (``migrateAuthFromV1Enabled``)."""
+        and policies at boot (``migrateAuthFromV1Enabled``). ``broker_id`` > 0 starts a slave of
+        the master ``name`` (it finds the master's HA address through the NameServer)."""
         super().__init__(version, jars, workdir, **kw)
         self.acl = acl
         self.broker_name = name
-        self.name = f"broker {name}"
+        self.broker_id = broker_id
+        self.name = f"broker {name}" + (f" (slave {broker_id})" if broker_id else "")
         self.cluster = cluster
         self.namesrv = namesrv
         self.port = port or free_port((-2, 0, 1))
@@ -412,9 +414,10 @@ class Broker(JavaServer):
 
     def properties(self) -> dict:
         props = {
-            "brokerClusterName": self.cluster, "brokerName": self.broker_name, "brokerId": 0,
-            "brokerRole": "ASYNC_MASTER", "flushDiskType": "ASYNC_FLUSH",
-            "namesrvAddr": self.namesrv, "brokerIP1": "127.0.0.1", "listenPort": self.port,
+            "brokerClusterName": self.cluster, "brokerName": self.broker_name,
+            "brokerId": self.broker_id, "brokerRole": "SLAVE" if self.broker_id else "ASYNC_MASTER",
+            "flushDiskType": "ASYNC_FLUSH", "namesrvAddr": self.namesrv,
+            "brokerIP1": "127.0.0.1", "brokerIP2": "127.0.0.1", "listenPort": self.port,
             "haListenPort": self.port + 1,
             "storePathRootDir": self.store, "storePathCommitLog": self.store / "commitlog",
             "autoCreateTopicEnable": "true", "autoCreateSubscriptionGroup": "true",
@@ -518,25 +521,27 @@ class Cluster:
         return self
 
     def start_broker(self, name: str, *, store: Path | None = None, workdir: Path | None = None,
-                     timeout: float = 90.0, **kw) -> Broker:
-        """Start (or restart, on the same port and store) broker ``name``; waits for registration."""
-        old = self.brokers.get(name)
+                     timeout: float = 90.0, broker_id: int = 0, **kw) -> Broker:
+        """Start (or restart, on the same port and store) broker ``name`` (its slave ``broker_id``
+        when > 0, kept in ``brokers`` as ``<name>-slave<id>``); waits for registration."""
+        key = f"{name}-slave{broker_id}" if broker_id else name
+        old = self.brokers.get(key)
         if old is not None and old.alive():
-            raise RuntimeError(f"broker {name} is running")
+            raise RuntimeError(f"broker {key} is running")
         if old is not None and store is None and workdir is None:
             broker = old                      # restart on the same port and store
         else:
-            broker = Broker(self.version, self.jars, workdir or self.workdir / f"{name}-{len(self.started)}",
+            broker = Broker(self.version, self.jars, workdir or self.workdir / f"{key}-{len(self.started)}",
                             namesrv=self.namesrv.addr, name=name, cluster=self.cluster_name,
-                            store=store, **{**self.broker_kw, **kw})
-        self.brokers[name] = broker
+                            store=store, broker_id=broker_id, **{**self.broker_kw, **kw})
+        self.brokers[key] = broker
         broker.start(timeout)
         if broker not in self.started:
             self.started.append(broker)
-        self.wait_registered(name, broker.addr, timeout=timeout)
+        self.wait_registered(name, broker.addr, timeout=timeout, broker_id=broker_id)
         return broker
 
-    def wait_registered(self, name: str, addr: str, timeout: float = 60.0) -> None:
+    def wait_registered(self, name: str, addr: str, timeout: float = 60.0, broker_id: int = 0) -> None:
         from rmq_source.remote import RemotingClient
         from rmq_source.remote import requests as rq
         deadline = time.monotonic() + timeout
@@ -545,7 +550,7 @@ class Cluster:
             while time.monotonic() < deadline:
                 try:
                     info = rq.cluster_info(client, self.namesrv.addr)
-                    if info.master_addr(name) == addr:
+                    if info.nodes(name).get(broker_id) == addr:
                         return
                     last = info
                 except Exception as exc:       # noqa: BLE001 - retried until the deadline

@@ -7,6 +7,7 @@ at the offsets the store reports, laid end to end as a broker's pull answer lays
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
 
 import pytest
 
@@ -173,11 +174,14 @@ def test_pulls_in_flight_follow_answers_that_come_short():
             backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), pulls_in_flight=4))
             asked = []
 
-            def pull(mq, offset, count, sub):
+            def send(mq, offset, count):
                 asked.append((offset, count))
-                return min(count, cap)        # a stand-in answer: how many messages it holds
+                return SimpleNamespace(count=count, cancel=lambda: None), False
 
-            backend._pull = pull
+            # a stand-in answer: how many messages it holds (brokers are the judge elsewhere)
+            backend._send_pull = send
+            backend._answer = lambda mq, asked, call, slave: min(call.count, cap)
+            backend._pull = lambda mq, offset, count, sub: pytest.fail("no pull needs a retry")
             gen = backend._pulls(MessageQueue("T", "b", 0), 0, end, Subscription.parse("*"))
             offsets, offset = [], 0
             try:
@@ -191,5 +195,3 @@ def test_pulls_in_flight_follow_answers_that_come_short():
                 pass
             assert offset == end and offsets == sorted(set(offsets)), (end, cap, offsets)
             assert all(o < end and o + c <= end for o, c in asked), (end, cap, asked)
-            if backend._pool is not None:
-                backend._pool.shutdown()

@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -29,7 +29,8 @@ import numpy as np
 
 from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
 from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqOptionError,
-                               RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqUnknownTopicError)
+                               RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError,
+                               RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
@@ -47,6 +48,13 @@ _MAX_RETRIES = 5
 _UNREACHABLE = (RmqRemotingConnectionError, RmqRemotingTimeoutError)
 
 log = logging.getLogger(__name__)
+
+
+def _cancel(ahead: deque) -> None:
+    while ahead:
+        call = ahead.popleft()[1]
+        if call is not None:
+            call.cancel()
 
 _BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
 _LOCK = threading.Lock()
@@ -85,8 +93,9 @@ class ClusterBackend(Backend):
         self.client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials)
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._down: set[str] = set()   # brokers whose last call failed after every retry
+        self._nodes: dict[str, dict[int, str]] = {}   # brokerName -> broker id -> address
+        self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -113,6 +122,7 @@ class ClusterBackend(Backend):
             raise
         with self._mutex:
             self._masters.update(route.master_addrs())
+            self._nodes.update(route.nodes())
         return route
 
     def broker_addr(self, broker_name: str) -> str:
@@ -126,6 +136,7 @@ class ClusterBackend(Backend):
                 raise RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}")
             with self._mutex:
                 self._masters[broker_name] = addr
+                self._nodes[broker_name] = info.nodes(broker_name)
         return addr
 
     def _forget(self, broker_name: str) -> None:
@@ -269,51 +280,107 @@ class ClusterBackend(Backend):
         raise last
 
     # -- messages ------------------------------------------------------------------------------
-    def _pull(self, mq: MessageQueue, offset: int, count: int, sub: Subscription) -> rq.PullResult:
-        expression = sub.expression if not sub.sub_all else "*"
-        return self._call(mq.broker_name, lambda addr: rq.pull(
-            self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-            max_nums=max(1, min(count, PULL_BATCH)), subscription=expression), ride_out=True)
-
-    def _executor(self) -> ThreadPoolExecutor:
+    def _slave_addr(self, mq: MessageQueue) -> str | None:
+        """The slave the last pull answer of ``mq`` suggested (the master suggests one when the
+        messages asked are no longer in its memory and the brokers have ``slaveReadEnable``);
+        None for the master. As RocketMQ's clients do, a suggested id not in the route falls
+        back to the next id, then to the master."""
+        which = self._pull_from.get(mq, 0)
+        if which == 0:
+            return None
         with self._mutex:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.spec.pulls_in_flight, thread_name_prefix="rmq-pull")
-            return self._pool
+            nodes = self._nodes.get(mq.broker_name) or {}
+        return nodes.get(which) or nodes.get(which + 1)
+
+    def _follow(self, mq: MessageQueue, res: rq.PullResult) -> rq.PullResult:
+        if res.suggest_broker_id:
+            self._pull_from[mq] = res.suggest_broker_id
+        else:
+            self._pull_from.pop(mq, None)
+        return res
+
+    def _pull(self, mq: MessageQueue, offset: int, count: int, sub: Subscription) -> rq.PullResult:
+        """One pull: from the suggested slave when there is one and it delivers messages; any
+        other answer of a slave (nothing there yet, an error, no answer) is asked of the master,
+        whose answers alone decide what is lost or where a queue ends."""
+        expression = sub.expression if not sub.sub_all else "*"
+        max_nums = max(1, min(count, PULL_BATCH))
+        slave = self._slave_addr(mq)
+        if slave is not None:
+            try:
+                res = rq.pull(self.client, slave, self.spec.pull_group, mq.topic, mq.queue_id, offset,
+                              max_nums=max_nums, subscription=expression)
+                if res.code == rq.SUCCESS:
+                    return self._follow(mq, res)
+            except (RmqRemotingError, RmqBrokerError) as exc:
+                log.info("pull of %s at offset %d from slave %s failed (%s); asking the master",
+                         mq, offset, slave, exc)
+            self._pull_from.pop(mq, None)
+        return self._follow(mq, self._call(mq.broker_name, lambda addr: rq.pull(
+            self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
+            max_nums=max_nums, subscription=expression), ride_out=True))
+
+    def _send_pull(self, mq: MessageQueue, offset: int, count: int):
+        """(a pull of ``*`` sent without waiting or None when it could not be sent, whether it
+        went to a slave); the caller pulls an offset not sent with :meth:`_pull`, which retries."""
+        slave = self._slave_addr(mq)
+        try:
+            addr = slave or self.broker_addr(mq.broker_name)
+            return rq.send_pull(self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
+                                max_nums=max(1, min(count, PULL_BATCH))), slave is not None
+        except _UNREACHABLE:
+            return None, slave is not None
+
+    def _answer(self, mq: MessageQueue, asked: int, call, from_slave: bool) -> rq.PullResult | None:
+        """The answer of a pull sent ahead, or None when it must be pulled again with
+        :meth:`_pull`: no answer, busy, or (from a slave) anything but messages."""
+        try:
+            res = rq.pull_result(self.client, call, asked)
+        except RmqRemotingError as exc:
+            if isinstance(exc, RmqBrokerError) and exc.code != rq.SYSTEM_BUSY and not from_slave:
+                raise                              # the master refused the request itself
+            res = None
+        if from_slave and (res is None or res.code != rq.SUCCESS):
+            self._pull_from.pop(mq, None)          # only the master says what is not there
+            return None
+        return None if res is None else self._follow(mq, res)
 
     def _pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription):
         """(offset asked, PullResult) in offset order. With ``*`` the next pulls of the range are
-        asked ahead (their offsets are known); a filter makes the broker choose the next offset."""
+        sent ahead on the broker's connection (their offsets are known), ``pulls_in_flight`` at
+        most; a filter makes the broker choose the next offset, so it is pulled one at a time.
+        A pull sent ahead that fails is pulled again with the retries of :meth:`_call`."""
         if not sub.sub_all or self.spec.pulls_in_flight <= 1:
             offset = start
             while offset < end:
                 res = self._pull(mq, offset, end - offset, sub)
                 offset = yield offset, res
             return
-        pool = self._executor()
-        ahead: list = []
+        ahead: deque = deque()      # (offset asked, Call or None, sent to a slave)
         offset = next_ask = start
-        while offset < end:
-            while len(ahead) < self.spec.pulls_in_flight and next_ask < end:
-                n = min(PULL_BATCH, end - next_ask)
-                ahead.append((next_ask, pool.submit(self._pull, mq, next_ask, n, sub)))
-                next_ask += n
-            asked, fut = ahead.pop(0)
-            res = fut.result()
-            if asked != offset:            # an answer came short: ask again from where it ended
-                for _, f in ahead:
-                    f.cancel()
-                ahead.clear()
-                next_ask = offset
-                continue
-            offset = yield asked, res
-            if not (ahead and ahead[0][0] == offset):
-                # the answer ended short of what was asked (brokers cap what they send per pull,
-                # e.g. 8 messages or 64 KiB read from disk): what was asked beyond is dropped
-                for _, f in ahead:
-                    f.cancel()
-                ahead.clear()
-                next_ask = offset
+        try:
+            while offset < end:
+                while len(ahead) < self.spec.pulls_in_flight and next_ask < end:
+                    n = min(PULL_BATCH, end - next_ask)
+                    ahead.append((next_ask, *self._send_pull(mq, next_ask, n)))
+                    next_ask += n
+                asked, call, from_slave = ahead.popleft()
+                res = None
+                if asked == offset and call is not None:
+                    res = self._answer(mq, asked, call, from_slave)
+                if res is None:               # not sent, failed, or not where the stream is
+                    _cancel(ahead)
+                    res = self._pull(mq, offset, end - offset, sub)
+                    asked = offset
+                offset = yield asked, res
+                if not (ahead and ahead[0][0] == offset):
+                    # the answer ended short of what was asked (brokers cap what they send per
+                    # pull, e.g. 8 messages or 64 KiB read from disk): what was asked beyond is
+                    # dropped
+                    _cancel(ahead)
+                    next_ask = offset
+        finally:
+            _cancel(ahead)
 
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
              on_data_loss, on_short_read) -> Iterator:

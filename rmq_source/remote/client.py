@@ -38,6 +38,7 @@ REQUEST_NAMES = {
     310: "SEND_MESSAGE_V2", 320: "SEND_BATCH_MESSAGE",
 }
 _I32 = struct.Struct(">i")
+READ_BUFFER = 256 << 10
 
 
 def describe(cmd: RemotingCommand) -> str:
@@ -54,6 +55,38 @@ class _Pending:
         self.event = threading.Event()
         self.response: RemotingCommand | None = None
         self.error: BaseException | None = None
+
+
+class Call:
+    """A request on its way: :meth:`result` waits for the answer until the call's deadline (set
+    when it was sent). Several calls may be in flight on one connection; a call whose answer is
+    no longer wanted is :meth:`cancel`-led, so an answer arriving later is dropped."""
+
+    __slots__ = ("conn", "cmd", "pending", "deadline", "timeout")
+
+    def __init__(self, conn: "Connection", cmd: RemotingCommand, pending: _Pending, deadline: float,
+                 timeout: float):
+        self.conn, self.cmd, self.pending, self.deadline, self.timeout = conn, cmd, pending, deadline, timeout
+
+    def result(self) -> RemotingCommand:
+        """The answer (any code: see :func:`check`); RmqRemotingTimeoutError after the deadline,
+        RmqRemotingConnectionError when the connection broke first."""
+        pending = self.pending
+        try:
+            if not pending.event.wait(max(0.0, self.deadline - time.monotonic())):
+                raise RmqRemotingTimeoutError(f"no answer in {self.timeout} s", peer=self.conn.addr,
+                                              request=describe(self.cmd))
+        finally:
+            self.cancel()
+        if pending.error is not None:
+            err = pending.error
+            raise type(err)(str(err).split("; request:")[0].split("; peer:")[0], peer=self.conn.addr,
+                            request=describe(self.cmd)) from err
+        return pending.response
+
+    def cancel(self) -> None:
+        with self.conn._lock:
+            self.conn._pending.pop(self.cmd.opaque, None)
 
 
 class Connection:
@@ -96,6 +129,11 @@ class Connection:
     def invoke(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
                timeout: float = DEFAULT_TIMEOUT) -> RemotingCommand:
         """Send a request and return its answer (any code: see :func:`check`)."""
+        return self.send(code, ext_fields, body, timeout=timeout).result()
+
+    def send(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
+             timeout: float = DEFAULT_TIMEOUT) -> Call:
+        """Send a request without waiting for its answer: :meth:`Call.result` waits for it."""
         cmd = RemotingCommand(code, self._fields(ext_fields, body), body,
                               serialize_type=self.serialize_type)
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
@@ -104,19 +142,13 @@ class Connection:
             self._raise_if_closed(cmd)
             self._pending[cmd.opaque] = pending
         deadline = time.monotonic() + timeout
+        call = Call(self, cmd, pending, deadline, timeout)
         try:
             self._send(cmd, deadline)
-            if not pending.event.wait(max(0.0, deadline - time.monotonic())):
-                raise RmqRemotingTimeoutError(f"no answer in {timeout} s", peer=self.addr,
-                                              request=describe(cmd))
-        finally:
-            with self._lock:
-                self._pending.pop(cmd.opaque, None)
-        if pending.error is not None:
-            err = pending.error
-            raise type(err)(str(err).split("; request:")[0].split("; peer:")[0], peer=self.addr,
-                            request=describe(cmd)) from err
-        return pending.response
+        except BaseException:
+            call.cancel()
+            raise
+        return call
 
     def invoke_oneway(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
                       timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -157,18 +189,19 @@ class Connection:
             raise type(exc)(str(exc), peer=self.addr, request=describe(cmd)) from None
         with self._send_lock:
             while data:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    err = RmqRemotingTimeoutError("send timed out (peer not reading)", peer=self.addr,
-                                                  request=describe(cmd))
-                    self._fail(err)      # a partly written frame leaves the stream unusable
-                    raise err
                 try:
-                    _, writable, _ = select.select([], [self._sock], [], min(left, 0.5))
-                    if not writable:
-                        continue
                     n = self._sock.send(data, socket.MSG_DONTWAIT)
-                except BlockingIOError:
+                except BlockingIOError:       # the peer's window is full: wait until writable
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        err = RmqRemotingTimeoutError("send timed out (peer not reading)",
+                                                      peer=self.addr, request=describe(cmd))
+                        self._fail(err)      # a partly written frame leaves the stream unusable
+                        raise err
+                    try:
+                        select.select([], [self._sock], [], min(left, 0.5))
+                    except (OSError, ValueError):
+                        pass                 # the send after it reports what is wrong
                     continue
                 except (OSError, ValueError) as exc:
                     err = RmqRemotingConnectionError(f"send failed: {exc}", peer=self.addr,
@@ -177,40 +210,35 @@ class Connection:
                     raise err from exc
                 data = data[n:]
 
-    def _recv_exact(self, n: int, what: str) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
+    def _recv_exact(self, stream, n: int, what: str) -> bytes:
+        try:
+            data = stream.read(n)
+        except (OSError, ValueError) as exc:
+            if self._closed:
+                raise _Stop() from None
+            raise RmqRemotingConnectionError(f"receive failed: {exc}", peer=self.addr) from None
+        if len(data) < n:
             if self._closed:
                 raise _Stop()
-            try:
-                readable, _, _ = select.select([self._sock], [], [], 0.5)
-                if not readable:
-                    continue
-                chunk = self._sock.recv(min(n - len(buf), 1 << 20), socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            except (OSError, ValueError) as exc:
-                if self._closed:
-                    raise _Stop() from None
-                raise RmqRemotingConnectionError(f"receive failed: {exc}", peer=self.addr) from None
-            if not chunk:
-                if not buf and what == "length":
-                    raise RmqRemotingConnectionError("connection closed by the peer", peer=self.addr)
-                raise RmqRemotingConnectionError(
-                    f"truncated frame: the peer closed the connection after {len(buf)} of {n} bytes "
-                    f"of the frame {what}", peer=self.addr)
-            buf += chunk
-        return bytes(buf)
+            if not data and what == "length":
+                raise RmqRemotingConnectionError("connection closed by the peer", peer=self.addr)
+            raise RmqRemotingConnectionError(
+                f"truncated frame: the peer closed the connection after {len(data)} of {n} bytes "
+                f"of the frame {what}", peer=self.addr)
+        return data
 
     def _read_loop(self) -> None:
+        # Buffered blocking reads: one recv takes every answer that has arrived (several pulls
+        # in flight); close() wakes the read with shutdown().
+        stream = self._sock.makefile("rb", buffering=READ_BUFFER)
         try:
             while True:
-                total = _I32.unpack(self._recv_exact(4, "length"))[0]
+                total = _I32.unpack(self._recv_exact(stream, 4, "length"))[0]
                 try:
                     frames.check_length(total)
                 except RmqRemotingProtocolError as exc:
                     raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
-                payload = self._recv_exact(total, "content")
+                payload = self._recv_exact(stream, total, "content")
                 try:
                     cmd = frames.decode(payload)
                 except RmqRemotingProtocolError as exc:
@@ -229,6 +257,8 @@ class Connection:
             self._fail(exc)
         except Exception as exc:  # never let the reader die silently
             self._fail(RmqRemotingProtocolError(f"reader failed: {exc!r}", peer=self.addr))
+        finally:
+            stream.close()
 
     def _serve(self, cmd: RemotingCommand) -> None:
         answer = None
@@ -332,13 +362,23 @@ class RemotingClient:
     def invoke(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
                timeout: float | None = None, ok: tuple[int, ...] | None = (0,)) -> RemotingCommand:
         """Send and wait; with ``ok`` (default: success only) other codes raise RmqBrokerError."""
-        conn = self.connection(addr)
-        resp = conn.invoke(code, ext_fields, body, timeout=self.timeout if timeout is None else timeout)
-        req = RemotingCommand(code, frames.str_fields(ext_fields or {}))
+        return self.answer(self.send(addr, code, ext_fields, body, timeout=timeout), ok=ok)
+
+    def send(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
+             timeout: float | None = None) -> Call:
+        """Send without waiting (several requests in flight on one connection); :meth:`answer`
+        waits for the answer and checks it."""
+        return self.connection(addr).send(code, ext_fields, body,
+                                          timeout=self.timeout if timeout is None else timeout)
+
+    def answer(self, call: Call, *, ok: tuple[int, ...] | None = (0,)) -> RemotingCommand:
+        """The answer of ``call``; with ``ok`` other codes raise RmqBrokerError, a refusal of the
+        credentials RmqAuthError (whatever ``ok``)."""
+        resp = call.result()
         if is_auth_failure(resp):
-            raise auth_error(resp, describe(req), addr, self.credentials)
-        if ok is not None:
-            check(resp, req, addr, ok)
+            raise auth_error(resp, describe(call.cmd), call.conn.addr, self.credentials)
+        if ok is not None and resp.code not in ok:
+            check(resp, call.cmd, call.conn.addr, ok)
         return resp
 
     def invoke_oneway(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"") -> None:

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping
 
 from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqRemotingProtocolError
-from rmq_source.remote.client import RemotingClient, check
+from rmq_source.remote.client import Call, RemotingClient, check
 from rmq_source.remote.frames import loads_fastjson
 
 # request codes
@@ -81,6 +81,14 @@ class TopicRoute:
     def write_queues(self) -> dict[str, int]:
         return {q["brokerName"]: int(q["writeQueueNums"]) for q in self.queue_datas}
 
+    def nodes(self) -> dict[str, dict[int, str]]:
+        """brokerName -> broker id -> address (0 is the master, the others its slaves)."""
+        return {b["brokerName"]: _node_ids(b) for b in self.broker_datas}
+
+
+def _node_ids(broker_data: dict) -> dict[int, str]:
+    return {int(i): a for i, a in (broker_data.get("brokerAddrs") or {}).items()}
+
 
 def _str_keys(obj):
     if isinstance(obj, dict):
@@ -104,6 +112,10 @@ class ClusterInfo:
 
     def master_addr(self, broker_name: str) -> str | None:
         return ((self.brokers.get(broker_name) or {}).get("brokerAddrs") or {}).get("0")
+
+    def nodes(self, broker_name: str) -> dict[int, str]:
+        """broker id -> address of ``broker_name`` (0 is the master)."""
+        return _node_ids(self.brokers.get(broker_name) or {})
 
 
 def cluster_info(client: RemotingClient, namesrv: str, *, timeout: float | None = None) -> ClusterInfo:
@@ -276,19 +288,38 @@ def decode_records(body: bytes) -> list[rc.DecodedRecord]:
     return out
 
 
+PULL_ANSWERS = (SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, PULL_OFFSET_MOVED)
+
+
 def pull(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, offset: int, *,
          max_nums: int = 32, subscription: str = "*", expression_type: str = "TAG",
          suspend_ms: int = 0, timeout: float | None = None) -> PullResult:
     """One PULL_MESSAGE with the subscription in the request (no heartbeat needed)."""
+    return pull_result(client, send_pull(client, broker, group, topic, queue_id, offset,
+                                         max_nums=max_nums, subscription=subscription,
+                                         expression_type=expression_type, suspend_ms=suspend_ms,
+                                         timeout=timeout), offset)
+
+
+def send_pull(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, offset: int, *,
+              max_nums: int = 32, subscription: str = "*", expression_type: str = "TAG",
+              suspend_ms: int = 0, timeout: float | None = None) -> Call:
+    """:func:`pull` without waiting: several pulls can be in flight on one connection;
+    :func:`pull_result` waits for one."""
     sys_flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
     if timeout is None:
         timeout = client.timeout + suspend_ms / 1000.0
-    resp = client.invoke(broker, PULL_MESSAGE, {
+    return client.send(broker, PULL_MESSAGE, {
         "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
         "maxMsgNums": max_nums, "sysFlag": sys_flag, "commitOffset": 0,
         "suspendTimeoutMillis": suspend_ms, "subscription": subscription, "subVersion": 0,
         "expressionType": expression_type,
-    }, timeout=timeout, ok=(SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, PULL_OFFSET_MOVED))
+    }, timeout=timeout)
+
+
+def pull_result(client: RemotingClient, call: Call, offset: int) -> PullResult:
+    """The answer of a :func:`send_pull` asking from ``offset``."""
+    resp = client.answer(call, ok=PULL_ANSWERS)
     ext = resp.ext_fields
     return PullResult(resp.code, int(ext.get("nextBeginOffset", offset)), int(ext.get("minOffset", 0)),
                       int(ext.get("maxOffset", 0)), int(ext.get("suggestWhichBrokerId", 0)),

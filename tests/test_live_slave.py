@@ -1,0 +1,132 @@
+"""Pulls from a slave when the master suggests it, with real servers (RocketMQ 4.9.x and 5.3.x).
+
+A master and its slave of ``broker-a`` run with ``slaveReadEnable=true`` and
+``accessMessageInMemoryMaxRatio=0``: every message then counts as out of the master's memory, so
+each pull answer suggests the slave (``suggestWhichBrokerId=1``), as a consumer far behind is told
+in production. Reads must follow the suggestion and still give every message once, in order; a
+slave that is gone sends the pulls back to the master.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from conftest import BROKER_LINES, running_cluster
+from rmq_source.errors import RmqRemotingError
+from rmq_source.remote import RemotingClient
+from rmq_source.remote import requests as rq
+from rmq_source.remote.backend import ClusterBackendSpec
+from rmq_source.group.allocation import MessageQueue
+
+pytestmark = [pytest.mark.broker]
+
+QUEUES, PER_QUEUE = 2, 150
+SLAVE_READ = {"slaveReadEnable": "true", "accessMessageInMemoryMaxRatio": 0}
+
+
+@pytest.fixture(scope="module", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
+def ha_cluster(request, rocketmq_jars, tmp_path_factory):
+    with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "slave",
+                         broker_kw={"extra": SLAVE_READ}) as cluster:
+        cluster.start_broker("broker-a", broker_id=1)
+        yield cluster
+
+
+def _fill(cluster) -> tuple[str, dict[int, list[bytes]]]:
+    """A new topic with PER_QUEUE messages a queue, replicated to the slave (its max offsets and a
+    pull answered by it)."""
+    topic = f"Slave_{uuid.uuid4().hex[:8]}"
+    master, slave = cluster.brokers["broker-a"].addr, cluster.brokers["broker-a-slave1"].addr
+    sent: dict[int, list[bytes]] = {}
+    with RemotingClient(timeout=15) as client:
+        cluster.create_topic(client, topic, QUEUES)
+        # the slave copies topic configs from its master only now and then (5.3: not for a minute
+        # at times); until then it answers "topic not exist", which sends pulls to the master.
+        # 5.3 takes the topic directly; 4.9 refuses writes on a slave (and syncs every 10 s).
+        if not cluster.brokers["broker-a"].is_v4:
+            rq.create_topic(client, slave, topic, read_queues=QUEUES)
+        for q in range(QUEUES):
+            sent[q] = [f"{topic}-{q}-{i}".encode() for i in range(PER_QUEUE)]
+            for start in range(0, PER_QUEUE, 50):
+                rq.send_batch(client, master, topic, [{"body": b, "tags": "ab"[i % 2]} for i, b in
+                                                      enumerate(sent[q][start:start + 50], start)],
+                              queue_id=q)
+        deadline = time.monotonic() + 60
+        for q in range(QUEUES):
+            while True:
+                try:
+                    if (rq.max_offset(client, slave, topic, q) >= PER_QUEUE
+                            and rq.pull(client, slave, "slave_probe", topic, q, 0).found):
+                        break
+                except RmqRemotingError:       # not replicated yet
+                    pass
+                assert time.monotonic() < deadline, f"queue {q} never reached the slave"
+                time.sleep(0.5)
+    return topic, sent
+
+
+class _Spy:
+    """The addresses pulls were sent to (the servers still answer every one)."""
+
+    def __init__(self, monkeypatch):
+        self.addrs: list[str] = []
+        for name in ("pull", "send_pull"):
+            real = getattr(rq, name)
+            monkeypatch.setattr(rq, name, self._wrap(real))
+
+    def _wrap(self, real):
+        def call(client, addr, *args, **kw):
+            self.addrs.append(addr)
+            return real(client, addr, *args, **kw)
+        return call
+
+
+def _backend(cluster, in_flight: int):
+    # a timeout of its own: a backend not shared with other tests (it caches routes)
+    return ClusterBackendSpec((cluster.namesrv_addr,), 5.0 + uuid.uuid4().int % 1000 / 1e6,
+                              pulls_in_flight=in_flight, retries=1, retry_backoff_s=0.1).open()
+
+
+def _read_all(backend, topic, subscription: str = "*") -> dict[int, list[bytes]]:
+    got = {}
+    for q in range(QUEUES):
+        mq = MessageQueue(topic, "broker-a", q)
+        info = backend.infos([mq])[mq]
+        got[q] = [body for batch in backend.read(
+            mq, info.min_offset, info.max_offset, subscription=subscription, batch_rows=64,
+            batch_bytes=1 << 20, verify_crc=True,
+            on_data_loss=lambda *a: pytest.fail(f"data loss {a}"),
+            on_short_read=lambda *a: pytest.fail(f"short read {a}"))
+            for body in batch.column("body").to_pylist()]
+    return got
+
+
+@pytest.mark.parametrize("in_flight,subscription", [(4, "*"), (1, "*"), (4, "a")],
+                         ids=["pipelined", "one-at-a-time", "filtered"])
+def test_pulls_follow_the_masters_suggestion_to_the_slave(ha_cluster, monkeypatch, in_flight,
+                                                           subscription):
+    topic, sent = _fill(ha_cluster)
+    if subscription == "a":
+        sent = {q: bodies[::2] for q, bodies in sent.items()}
+    spy = _Spy(monkeypatch)
+    assert _read_all(_backend(ha_cluster, in_flight), topic, subscription) == sent
+    master, slave = ha_cluster.brokers["broker-a"].addr, ha_cluster.brokers["broker-a-slave1"].addr
+    assert spy.addrs[0] == master, "the first pull of a queue goes to the master"
+    assert spy.addrs.count(slave) > len(spy.addrs) // 2, spy.addrs
+
+
+def test_a_slave_that_is_gone_sends_the_pulls_back_to_the_master(ha_cluster, monkeypatch):
+    topic, sent = _fill(ha_cluster)
+    backend = _backend(ha_cluster, 4)
+    backend.route(topic)                     # it knows the slave's address
+    slave = ha_cluster.brokers["broker-a-slave1"]
+    slave.kill()
+    try:
+        spy = _Spy(monkeypatch)
+        assert _read_all(backend, topic) == sent
+        assert ha_cluster.brokers["broker-a"].addr in spy.addrs
+        assert slave.addr in spy.addrs, "the master still suggested its slave"
+    finally:
+        ha_cluster.start_broker("broker-a", broker_id=1)
