@@ -61,6 +61,12 @@ def answer(req, code=0, body=b"", ext=None, stype=frames.SERIALIZE_JSON, remark=
                                          serialize_type=stype, remark=remark, language="JAVA"))
 
 
+@pytest.fixture(params=[True, False], ids=["reader-thread", "inline-reads"])
+def connect(request):
+    """Connections of both reading modes: a reader thread, or the waiting caller reads."""
+    return lambda addr: Connection(addr, reader_thread=request.param)
+
+
 @pytest.fixture
 def peer():
     peers = []
@@ -75,24 +81,24 @@ def peer():
 
 
 @pytest.mark.parametrize("stype", [frames.SERIALIZE_JSON, frames.SERIALIZE_ROCKETMQ])
-def test_answers_in_either_header_form(peer, stype):
+def test_answers_in_either_header_form(peer, connect, stype):
     def script(conn):
         req = read_request(conn)
         conn.sendall(answer(req, ext={"offset": "42", "k": "v"}, body=b"payload", stype=stype))
     p = peer(script)
-    with Connection(p.addr) as c:
+    with connect(p.addr) as c:
         resp = c.invoke(30, {"topic": "T", "queueId": 1}, timeout=5)
     assert (resp.code, resp.ext_fields, resp.body, resp.serialize_type) == (0, {"offset": "42", "k": "v"},
                                                                           b"payload", stype)
 
 
-def test_answers_matched_by_opaque_out_of_order(peer):
+def test_answers_matched_by_opaque_out_of_order(peer, connect):
     def script(conn):
         a, b = read_request(conn), read_request(conn)
         conn.sendall(answer(b, ext={"n": b.ext_fields["n"]}) + answer(a, ext={"n": a.ext_fields["n"]}))
     p = peer(script)
     results = {}
-    with Connection(p.addr) as c:
+    with connect(p.addr) as c:
         threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, c.invoke(30, {"n": n}, timeout=5)))
                    for n in ("1", "2")]
         for t in threads:
@@ -103,12 +109,12 @@ def test_answers_matched_by_opaque_out_of_order(peer):
     assert {n: r.ext_fields["n"] for n, r in results.items()} == {"1": "1", "2": "2"}
 
 
-def test_oversized_frame_fails_with_peer_and_request(peer):
+def test_oversized_frame_fails_with_peer_and_request(peer, connect):
     def script(conn):
         read_request(conn)
         conn.sendall(struct.pack(">i", frames.MAX_FRAME + 1) + b"\0" * 64)
     p = peer(script)
-    c = Connection(p.addr)
+    c = connect(p.addr)
     t0 = time.monotonic()
     with pytest.raises(RmqRemotingProtocolError) as err:
         c.invoke(105, {"topic": "Big"}, timeout=5)
@@ -120,13 +126,13 @@ def test_oversized_frame_fails_with_peer_and_request(peer):
         c.invoke(105, {"topic": "Big"}, timeout=5)
 
 
-def test_truncated_frame(peer):
+def test_truncated_frame(peer, connect):
     def script(conn):
         req = read_request(conn)
         conn.sendall(answer(req, body=b"x" * 100)[:-30])
         conn.shutdown(socket.SHUT_WR)
     p = peer(script)
-    with Connection(p.addr) as c, pytest.raises(RmqRemotingConnectionError) as err:
+    with connect(p.addr) as c, pytest.raises(RmqRemotingConnectionError) as err:
         c.invoke(30, {"topic": "T"}, timeout=5)
     assert "truncated frame" in str(err.value) and p.addr in str(err.value)
     assert isinstance(err.value, ConnectionError)
@@ -139,19 +145,19 @@ def test_truncated_frame(peer):
     struct.pack(">ii", 2, 0),                             # length shorter than its own field
     struct.pack(">ii", 14, 10) + struct.pack(">hBhii", 0, 0, 0, 0, 1)[:10],   # binary header cut short
 ], ids=["serialize-type", "header-length", "json", "short-length", "binary-header"])
-def test_bad_frames_are_protocol_errors(peer, bad):
+def test_bad_frames_are_protocol_errors(peer, connect, bad):
     if bad[4] == 0 and len(bad) == 14:
         bad = struct.pack(">ii", 14, (1 << 24) | 10) + bad[8:]
     def script(conn):
         read_request(conn)
         conn.sendall(bad)
     p = peer(script)
-    with Connection(p.addr) as c, pytest.raises(RmqRemotingProtocolError) as err:
+    with connect(p.addr) as c, pytest.raises(RmqRemotingProtocolError) as err:
         c.invoke(31, {"topic": "T"}, timeout=5)
     assert p.addr in str(err.value) and "GET_MIN_OFFSET" in str(err.value)
 
 
-def test_timeout_when_peer_is_silent_and_late_answer_is_dropped(peer):
+def test_timeout_when_peer_is_silent_and_late_answer_is_dropped(peer, connect):
     gate = threading.Event()
 
     def script(conn):
@@ -161,7 +167,7 @@ def test_timeout_when_peer_is_silent_and_late_answer_is_dropped(peer):
         second = read_request(conn)
         conn.sendall(answer(second, ext={"which": "second"}))
     p = peer(script)
-    with Connection(p.addr) as c:
+    with connect(p.addr) as c:
         t0 = time.monotonic()
         with pytest.raises(RmqRemotingTimeoutError) as err:
             c.invoke(30, {"topic": "T"}, timeout=0.5)
@@ -199,6 +205,20 @@ def test_server_request_answered_not_supported_and_oneway(peer):
     assert got["oneway"].is_oneway and got["oneway"].ext_fields == {"x": "1"}
 
 
+def test_inline_reads_serve_server_requests_while_a_call_waits(peer):
+    got = {}
+
+    def script(conn):
+        conn.sendall(frames.encode(RemotingCommand(307, {"consumerGroup": "g"}, opaque=99, language="JAVA")))
+        req = read_request(conn)
+        got["answer"] = read_request(conn)
+        conn.sendall(answer(req, ext={"offset": "7"}))
+    p = peer(script)
+    with Connection(p.addr, reader_thread=False) as c:
+        assert c.invoke(30, {"topic": "T"}, timeout=5).ext_fields == {"offset": "7"}
+    assert got["answer"].is_response and got["answer"].opaque == 99 and got["answer"].code == 3
+
+
 def test_connect_refused_and_closed_peer():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -209,18 +229,18 @@ def test_connect_refused_and_closed_peer():
     assert f"127.0.0.1:{port}" in str(err.value)
 
 
-def test_peer_closes_without_answer(peer):
+def test_peer_closes_without_answer(peer, connect):
     def script(conn):
         read_request(conn)
     p = peer(script)
-    with Connection(p.addr) as c, pytest.raises(RmqRemotingConnectionError) as err:
+    with connect(p.addr) as c, pytest.raises(RmqRemotingConnectionError) as err:
         c.invoke(30, timeout=5)
     assert "closed by the peer" in str(err.value)
 
 
-def test_sending_oversized_frame_is_refused_before_sending(peer):
+def test_sending_oversized_frame_is_refused_before_sending(peer, connect):
     p = peer(lambda conn: time.sleep(1))
-    with Connection(p.addr) as c, pytest.raises(RmqRemotingProtocolError):
+    with connect(p.addr) as c, pytest.raises(RmqRemotingProtocolError):
         c.invoke(10, {"topic": "T"}, b"\0" * frames.MAX_FRAME, timeout=5)
 
 

@@ -41,7 +41,7 @@ PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
 PULLS_IN_FLIGHT = 4
 MAX_BACKOFF_S = 8.0
-COALESCE_BYTES = 4 << 20     # pull answers decoded together, at most
+COALESCE_BYTES = 16 << 20     # pull answers decoded together, at most
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
 #: errors that say the broker is not there (as opposed to an answer refusing the request)
@@ -91,6 +91,9 @@ class ClusterBackend(Backend):
     def __init__(self, spec: ClusterBackendSpec):
         self.spec = spec
         self.client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials)
+        # pulls: the waiting reader reads its answers itself (no thread switch per answer)
+        self.pull_client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials,
+                                          reader_thread=False)
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
         self._down: set[str] = set()   # brokers whose last call failed after every retry
@@ -308,7 +311,7 @@ class ClusterBackend(Backend):
         slave = self._slave_addr(mq)
         if slave is not None:
             try:
-                res = rq.pull(self.client, slave, self.spec.pull_group, mq.topic, mq.queue_id, offset,
+                res = rq.pull(self.pull_client, slave, self.spec.pull_group, mq.topic, mq.queue_id, offset,
                               max_nums=max_nums, subscription=expression)
                 if res.code == rq.SUCCESS:
                     return self._follow(mq, res)
@@ -317,7 +320,7 @@ class ClusterBackend(Backend):
                          mq, offset, slave, exc)
             self._pull_from.pop(mq, None)
         return self._follow(mq, self._call(mq.broker_name, lambda addr: rq.pull(
-            self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
+            self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
             max_nums=max_nums, subscription=expression), ride_out=True))
 
     def _send_pull(self, mq: MessageQueue, offset: int, count: int):
@@ -326,7 +329,7 @@ class ClusterBackend(Backend):
         slave = self._slave_addr(mq)
         try:
             addr = slave or self.broker_addr(mq.broker_name)
-            return rq.send_pull(self.client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
+            return rq.send_pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
                                 max_nums=max(1, min(count, PULL_BATCH))), slave is not None
         except _UNREACHABLE:
             return None, slave is not None
@@ -335,7 +338,7 @@ class ClusterBackend(Backend):
         """The answer of a pull sent ahead, or None when it must be pulled again with
         :meth:`_pull`: no answer, busy, or (from a slave) anything but messages."""
         try:
-            res = rq.pull_result(self.client, call, asked)
+            res = rq.pull_result(self.pull_client, call, asked)
         except RmqRemotingError as exc:
             if isinstance(exc, RmqBrokerError) and exc.code != rq.SYSTEM_BUSY and not from_slave:
                 raise                              # the master refused the request itself
@@ -385,7 +388,7 @@ class ClusterBackend(Backend):
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
              on_data_loss, on_short_read) -> Iterator:
         """Pull answers are decoded several at a time (consecutive answers are consecutive
-        CommitLog records): up to ``batch_rows`` messages or ``min(batch_bytes, 4 MiB)`` of records
+        CommitLog records): up to ``batch_rows`` messages or ``min(batch_bytes, 16 MiB)`` of records
         a batch, so the per-batch work is not paid for every pull of 32 messages."""
         from rmq_source.store import native
         from rmq_source.store.reader import native_rows

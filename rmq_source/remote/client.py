@@ -49,10 +49,15 @@ def describe(cmd: RemotingCommand) -> str:
 
 
 class _Pending:
-    __slots__ = ("event", "response", "error")
+    """An answer to come. ``done`` is a lock taken at creation and released exactly once, by
+    whoever removes the entry from the connection's table (the reader with the answer, or a
+    failing connection with its error): cheaper than an Event for one waiter."""
+
+    __slots__ = ("done", "response", "error")
 
     def __init__(self):
-        self.event = threading.Event()
+        self.done = threading.Lock()
+        self.done.acquire()
         self.response: RemotingCommand | None = None
         self.error: BaseException | None = None
 
@@ -72,12 +77,12 @@ class Call:
         """The answer (any code: see :func:`check`); RmqRemotingTimeoutError after the deadline,
         RmqRemotingConnectionError when the connection broke first."""
         pending = self.pending
-        try:
-            if not pending.event.wait(max(0.0, self.deadline - time.monotonic())):
-                raise RmqRemotingTimeoutError(f"no answer in {self.timeout} s", peer=self.conn.addr,
-                                              request=describe(self.cmd))
-        finally:
+        if self.conn._reader is None:
+            self.conn._read_until(pending, self.deadline)
+        if not pending.done.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
             self.cancel()
+            raise RmqRemotingTimeoutError(f"no answer in {self.timeout} s", peer=self.conn.addr,
+                                          request=describe(self.cmd))
         if pending.error is not None:
             err = pending.error
             raise type(err)(str(err).split("; request:")[0].split("; peer:")[0], peer=self.conn.addr,
@@ -95,8 +100,12 @@ class Connection:
     def __init__(self, addr: str, *, connect_timeout: float = CONNECT_TIMEOUT,
                  serialize_type: int = frames.SERIALIZE_JSON,
                  on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None,
-                 credentials: Credentials | None = None):
-        """With ``credentials`` every request is ACL-signed (:mod:`rmq_source.remote.acl`)."""
+                 credentials: Credentials | None = None, reader_thread: bool = True):
+        """With ``credentials`` every request is ACL-signed (:mod:`rmq_source.remote.acl`).
+        Without ``reader_thread`` the threads waiting for answers read the socket themselves (one
+        at a time, each handing out every answer it reads): no thread switch per answer, for
+        connections that only carry requests and their answers (pulls); requests the server
+        sends are then only served while a call waits."""
         self.addr = addr
         self.serialize_type = serialize_type
         self.on_request = on_request
@@ -118,8 +127,13 @@ class Connection:
         self._send_lock = threading.Lock()
         self._closed = False
         self.close_reason: RmqRemotingError | None = None
-        self._reader = threading.Thread(target=self._read_loop, name=f"rmq-remoting-{addr}", daemon=True)
-        self._reader.start()
+        self._rbuf = bytearray()          # bytes received, not yet a whole frame
+        self._read_lock = threading.Lock()
+        self._reader = None
+        if reader_thread:
+            self._reader = threading.Thread(target=self._read_loop, name=f"rmq-remoting-{addr}",
+                                            daemon=True)
+            self._reader.start()
 
     # ------------------------------------------------------------------ public
     @property
@@ -210,55 +224,97 @@ class Connection:
                     raise err from exc
                 data = data[n:]
 
-    def _recv_exact(self, stream, n: int, what: str) -> bytes:
-        try:
-            data = stream.read(n)
-        except (OSError, ValueError) as exc:
-            if self._closed:
-                raise _Stop() from None
-            raise RmqRemotingConnectionError(f"receive failed: {exc}", peer=self.addr) from None
-        if len(data) < n:
-            if self._closed:
-                raise _Stop()
-            if not data and what == "length":
-                raise RmqRemotingConnectionError("connection closed by the peer", peer=self.addr)
-            raise RmqRemotingConnectionError(
-                f"truncated frame: the peer closed the connection after {len(data)} of {n} bytes "
-                f"of the frame {what}", peer=self.addr)
-        return data
-
-    def _read_loop(self) -> None:
-        # Buffered blocking reads: one recv takes every answer that has arrived (several pulls
-        # in flight); close() wakes the read with shutdown().
-        stream = self._sock.makefile("rb", buffering=READ_BUFFER)
-        try:
-            while True:
-                total = _I32.unpack(self._recv_exact(stream, 4, "length"))[0]
+    def _read_frame(self, deadline: float | None) -> bytes | None:
+        """The next frame's bytes after its length prefix; None when ``deadline`` passed first
+        (None: wait as long as it takes; close() wakes the wait with shutdown())."""
+        buf = self._rbuf
+        while True:
+            if len(buf) >= 4:
+                total = _I32.unpack_from(buf, 0)[0]
                 try:
                     frames.check_length(total)
                 except RmqRemotingProtocolError as exc:
                     raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
-                payload = self._recv_exact(stream, total, "content")
-                try:
-                    cmd = frames.decode(payload)
-                except RmqRemotingProtocolError as exc:
-                    raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
-                if cmd.is_response:
-                    with self._lock:
-                        pending = self._pending.get(cmd.opaque)
-                    if pending is not None:      # else: the caller timed out already
-                        pending.response = cmd
-                        pending.event.set()
-                else:
-                    self._serve(cmd)
+                if len(buf) >= 4 + total:
+                    with memoryview(buf) as view:
+                        payload = bytes(view[4:4 + total])     # one copy
+                    del buf[:4 + total]
+                    return payload
+            if self._closed:
+                raise _Stop()
+            try:
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([self._sock], [], [], left)[0]:
+                        return None
+                chunk = self._sock.recv(READ_BUFFER)
+            except (OSError, ValueError) as exc:
+                if self._closed:
+                    raise _Stop() from None
+                raise RmqRemotingConnectionError(f"receive failed: {exc}", peer=self.addr) from None
+            if not chunk:
+                if self._closed:
+                    raise _Stop()
+                if not buf:
+                    raise RmqRemotingConnectionError("connection closed by the peer", peer=self.addr)
+                if len(buf) < 4:
+                    raise RmqRemotingConnectionError(
+                        f"truncated frame: the peer closed the connection after {len(buf)} of 4 "
+                        f"bytes of the frame length", peer=self.addr)
+                raise RmqRemotingConnectionError(
+                    f"truncated frame: the peer closed the connection after {len(buf) - 4} of "
+                    f"{_I32.unpack_from(buf, 0)[0]} bytes of the frame content", peer=self.addr)
+            buf += chunk
+
+    def _dispatch(self, payload: bytes) -> None:
+        try:
+            cmd = frames.decode(payload)
+        except RmqRemotingProtocolError as exc:
+            raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
+        if cmd.is_response:
+            with self._lock:
+                pending = self._pending.pop(cmd.opaque, None)
+            if pending is not None:      # else: the caller timed out already
+                pending.response = cmd
+                pending.done.release()
+        else:
+            self._serve(cmd)
+
+    def _read_loop(self) -> None:
+        self._guarded(lambda: self._dispatch(self._read_frame(None)), forever=True)
+
+    def _read_until(self, pending: _Pending, deadline: float) -> None:
+        """Without a reader thread: read and hand out answers until ``pending`` has its own (or
+        the connection failed, or ``deadline`` passed). Another thread reading meanwhile may
+        hand it out instead."""
+        while pending.done.locked():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read_lock.acquire(timeout=left):
+                return
+            try:
+                if pending.done.locked():
+                    payload = self._guarded(lambda: self._read_frame(deadline))
+                    if payload is None:
+                        return
+                    self._guarded(lambda: self._dispatch(payload))
+            finally:
+                self._read_lock.release()
+
+    def _guarded(self, step, forever: bool = False):
+        """``step()`` (repeated with ``forever``); an error of the stream fails the connection
+        (every call on it gets the error), it never escapes to the thread reading."""
+        try:
+            while True:
+                out = step()
+                if not forever:
+                    return out
         except _Stop:
             pass
         except RmqRemotingError as exc:
             self._fail(exc)
-        except Exception as exc:  # never let the reader die silently
+        except Exception as exc:  # never let a reader die silently
             self._fail(RmqRemotingProtocolError(f"reader failed: {exc!r}", peer=self.addr))
-        finally:
-            stream.close()
+        return None
 
     def _serve(self, cmd: RemotingCommand) -> None:
         answer = None
@@ -287,6 +343,7 @@ class Connection:
             self._closed = True
             self.close_reason = err
             pending = list(self._pending.values())
+            self._pending.clear()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -297,7 +354,7 @@ class Connection:
             pass
         for p in pending:
             p.error = err
-            p.event.set()
+            p.done.release()
 
 
 class _Stop(Exception):
@@ -338,9 +395,11 @@ class RemotingClient:
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT,
                  serialize_type: int = frames.SERIALIZE_JSON,
                  on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None,
-                 credentials: Credentials | None = None):
+                 credentials: Credentials | None = None, reader_thread: bool = True):
         """With ``credentials`` every request is ACL-signed; an answer refusing them raises
-        :class:`RmqAuthError` whatever ``ok`` a call passes (never retried here)."""
+        :class:`RmqAuthError` whatever ``ok`` a call passes (never retried here).
+        ``reader_thread``: see :class:`Connection`."""
+        self.reader_thread = reader_thread
         self.credentials = credentials
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -355,7 +414,7 @@ class RemotingClient:
             if conn is None or conn.closed:
                 conn = Connection(addr, connect_timeout=self.connect_timeout,
                                   serialize_type=self.serialize_type, on_request=self.on_request,
-                                  credentials=self.credentials)
+                                  credentials=self.credentials, reader_thread=self.reader_thread)
                 self._conns[addr] = conn
             return conn
 

@@ -53,6 +53,8 @@ class RemotingCommand:
 
 def str_fields(ext: dict) -> dict[str, str]:
     """Header fields as sent on the wire: strings, booleans as true/false, None left out."""
+    if all(type(k) is str and type(v) is str for k, v in ext.items()):
+        return dict(ext)                 # the common case: answers, fields already converted
     out = {}
     for k, v in ext.items():
         if v is None:
@@ -64,7 +66,9 @@ def str_fields(ext: dict) -> dict[str, str]:
 
 
 def encode_header(cmd: RemotingCommand) -> bytes:
-    ext = str_fields(cmd.ext_fields)
+    ext = cmd.ext_fields
+    if not all(type(k) is str and type(v) is str for k, v in ext.items()):
+        ext = str_fields(ext)
     if cmd.serialize_type == SERIALIZE_JSON:
         obj = {"code": cmd.code, "language": cmd.language, "version": cmd.version, "opaque": cmd.opaque,
                "flag": cmd.flag, "extFields": ext, "serializeTypeCurrentRPC": "JSON"}
