@@ -121,8 +121,10 @@ def test_send_pull_offsets(rocketmq, client):
     # long polling: the answer comes when a message arrives, well before the suspend timeout
     t0 = time.monotonic()
     import threading
-    threading.Timer(0.5, lambda: rq.send_message(client, addr, topic, b"late", queue_id=1)).start()
+    sender = threading.Timer(0.5, lambda: rq.send_message(client, addr, topic, b"late", queue_id=1))
+    sender.start()
     held = rq.pull(client, addr, "g_" + topic, topic, 1, 10, suspend_ms=8000)
+    sender.join(15)            # its answer may come after the pull's: the client must stay open
     assert held.found and [r.body for r in held.records()] == [b"late"]
     assert time.monotonic() - t0 < 7
 

@@ -1,6 +1,7 @@
 """Connections speaking the remoting protocol: opaque-matched answers, oneway requests, timeouts.
 
-One reader thread a connection reads frames and hands each answer to the call waiting on its opaque.
+One reader thread a connection reads frames and hands each answer to the call waiting on its opaque
+(or, on connections made without it, the calls waiting read the socket in turn).
 Every wait has a deadline; a broken, oversized or truncated frame closes the connection and fails
 every call on it with an error naming the peer and the request. Requests the server sends to us
 (after a heartbeat: consumer ids changed, running info) go to ``on_request``; without a handler a
