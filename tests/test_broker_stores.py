@@ -15,7 +15,6 @@ import random
 import subprocess
 import sys
 import time
-import zlib
 
 import pytest
 

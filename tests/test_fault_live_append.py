@@ -25,7 +25,6 @@ import pytest
 from fault_helpers import procs
 from fault_helpers.payload import body_for, check_row, props_for, tags_for
 from rmq_source.store import native
-from rmq_source.errors import RmqCorruptStoreError, RmqStoreLayoutError
 from rmq_source.store.reader import Store
 from rmq_source.store.writer import StoreWriter
 

@@ -15,7 +15,6 @@ offsets grow with them), and a reader that needed offset ``s`` lost exactly ``mi
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 

@@ -9,7 +9,6 @@ import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
 
 from conftest import require
 
