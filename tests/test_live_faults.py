@@ -150,9 +150,12 @@ def _second_broker(cluster, tmp_path):
 
 
 def _stream(spark, cluster, topic, tmp_path, **options):
+    """A parquet-sink stream of ``topic`` (None: the options name the topics, e.g. topicPattern)."""
     sink = tmp_path / "sink"
+    if topic is not None:
+        options["topic"] = topic
     q = (spark.readStream.format("rmq")
-         .options(namesrvAddr=cluster.namesrv_addr, topic=topic, startingOffsets="earliest",
+         .options(namesrvAddr=cluster.namesrv_addr, startingOffsets="earliest",
                   requestRetries="1", retryBackoffMs="200", requestTimeoutMs="3000", **options)
          .load().select("body").writeStream.format("parquet").option("path", str(sink))
          .option("checkpointLocation", str(tmp_path / "chk")).trigger(processingTime="300 milliseconds")
@@ -225,3 +228,55 @@ def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark,
             q.stop()
     finally:
         own_cluster.stop_broker("broker-b")
+
+
+def _routed(cluster, topic: str, queues: dict[str, int]) -> None:
+    """Wait until the NameServer routes ``topic`` to exactly ``queues`` (broker -> read queues)."""
+    with RemotingClient(timeout=15) as client:
+        deadline = time.monotonic() + 60
+        while {q["brokerName"]: int(q["readQueueNums"]) for q in
+               rq.topic_route(client, cluster.namesrv_addr, topic).queue_datas} != queues:
+            assert time.monotonic() < deadline, f"topic {topic} never routed to {queues}"
+            time.sleep(0.2)
+
+
+def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, tmp_path):
+    """A topicPattern stream keeps reading while the routes change under it: more queues on a
+    topic, a new topic that matches, the topic on a broker added to the cluster. Each change's
+    messages arrive without a restart, every message exactly once."""
+    prefix = f"Route_{uuid.uuid4().hex[:6]}"
+    first, second = f"{prefix}_a", f"{prefix}_b"
+    with RemotingClient(timeout=15) as client:
+        own_cluster.create_topic(client, first, QUEUES)
+    sent = _send(own_cluster, first, 2, "start")
+    q, sink = _stream(spark, own_cluster, None, tmp_path, topicPattern=f"{prefix}_.*")
+    b_started = False
+    try:
+        _wait_for(q, "the first messages never reached the sink", lambda: set(_sink_rows(spark, sink)) == sent)
+        changes = []
+        with RemotingClient(timeout=15) as client:
+            a = own_cluster.brokers["broker-a"].addr
+            rq.create_topic(client, a, first, read_queues=QUEUES + 2)            # more queues
+            _routed(own_cluster, first, {"broker-a": QUEUES + 2})
+            new_queue = {f"{first}-q{QUEUES + 1}-{i}".encode() for i in range(3)}
+            for body in new_queue:
+                rq.send_message(client, a, first, body, queue_id=QUEUES + 1)
+            changes.append(("a queue added", new_queue))
+            own_cluster.create_topic(client, second, QUEUES)                     # a new topic
+            changes.append(("a new matching topic", _send(own_cluster, second, 2, "new-topic")))
+        _second_broker(own_cluster, tmp_path)                                     # a broker added
+        b_started = True
+        with RemotingClient(timeout=15) as client:
+            own_cluster.create_topic(client, first, QUEUES, broker="broker-b")
+        _routed(own_cluster, first, {"broker-a": QUEUES + 2, "broker-b": QUEUES})
+        changes.append(("a broker added", _send(own_cluster, first, 2, "added", "broker-b")))
+        for what, bodies in changes:
+            sent |= bodies
+            _wait_for(q, f"{what}: its messages never reached the sink",
+                      lambda: bodies <= set(_sink_rows(spark, sink)))
+        rows = _sink_rows(spark, sink)
+        assert set(rows) == sent and len(rows) == len(sent), "a message missing or read twice"
+    finally:
+        q.stop()
+        if b_started:
+            own_cluster.stop_broker("broker-b")
