@@ -56,6 +56,7 @@ def _cancel(ahead: deque) -> None:
         if call is not None:
             call.cancel()
 
+
 _BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
 _LOCK = threading.Lock()
 
@@ -315,7 +316,7 @@ class ClusterBackend(Backend):
                               max_nums=max_nums, subscription=expression)
                 if res.code == rq.SUCCESS:
                     return self._follow(mq, res)
-            except (RmqRemotingError, RmqBrokerError) as exc:
+            except RmqRemotingError as exc:         # RmqBrokerError included
                 log.info("pull of %s at offset %d from slave %s failed (%s); asking the master",
                          mq, offset, slave, exc)
             self._pull_from.pop(mq, None)
