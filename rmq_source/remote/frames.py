@@ -66,9 +66,7 @@ def str_fields(ext: dict) -> dict[str, str]:
 
 
 def encode_header(cmd: RemotingCommand) -> bytes:
-    ext = cmd.ext_fields
-    if not all(type(k) is str and type(v) is str for k, v in ext.items()):
-        ext = str_fields(ext)
+    ext = str_fields(cmd.ext_fields)
     if cmd.serialize_type == SERIALIZE_JSON:
         obj = {"code": cmd.code, "language": cmd.language, "version": cmd.version, "opaque": cmd.opaque,
                "flag": cmd.flag, "extFields": ext, "serializeTypeCurrentRPC": "JSON"}
