@@ -312,14 +312,13 @@ class ClusterBackend(Backend):
         slave = self._slave_addr(mq)
         if slave is not None:
             try:
-                res = rq.pull(self.pull_client, slave, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-                              max_nums=max_nums, subscription=expression)
-                if res.code == rq.SUCCESS:
-                    return self._follow(mq, res)
-            except RmqRemotingError as exc:         # RmqBrokerError included
-                log.info("pull of %s at offset %d from slave %s failed (%s); asking the master",
-                         mq, offset, slave, exc)
-            self._pull_from.pop(mq, None)
+                call = rq.send_pull(self.pull_client, slave, self.spec.pull_group, mq.topic, mq.queue_id,
+                                    offset, max_nums=max_nums, subscription=expression)
+            except RmqRemotingError:
+                call = None
+            res = self._answer(mq, offset, call, True)
+            if res is not None:
+                return res
         return self._follow(mq, self._call(mq.broker_name, lambda addr: rq.pull(
             self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
             max_nums=max_nums, subscription=expression), ride_out=True))
@@ -336,14 +335,19 @@ class ClusterBackend(Backend):
             return None, slave is not None
 
     def _answer(self, mq: MessageQueue, asked: int, call, from_slave: bool) -> rq.PullResult | None:
-        """The answer of a pull sent ahead, or None when it must be pulled again with
-        :meth:`_pull`: no answer, busy, or (from a slave) anything but messages."""
+        """The answer of a pull sent ahead (``call``; None: it could not be sent), or None when it
+        must be asked again of the master: no answer, busy, or (from a slave) anything but
+        messages."""
+        res = None
         try:
-            res = rq.pull_result(self.pull_client, call, asked)
+            if call is not None:
+                res = rq.pull_result(self.pull_client, call, asked)
         except RmqRemotingError as exc:
             if isinstance(exc, RmqBrokerError) and exc.code != rq.SYSTEM_BUSY and not from_slave:
                 raise                              # the master refused the request itself
-            res = None
+            if from_slave:
+                log.info("pull of %s at offset %d from a slave failed (%s); asking the master",
+                         mq, asked, exc)
         if from_slave and (res is None or res.code != rq.SUCCESS):
             self._pull_from.pop(mq, None)          # only the master says what is not there
             return None
