@@ -59,8 +59,11 @@ enum rmq_code {
     RMQ_E_CRC_MISMATCH = 16,    /* BODYCRC != crc32(body) & 0x7FFFFFFF (only when asked) */
     RMQ_E_BAD_UNIT = 17,        /* an unwritten/invalid CQ unit where a valid one is required, or
                                    a pre-blank filler unit after written units */
-    RMQ_E_UNIT_MISMATCH = 18    /* the record a CQ unit points to is not that unit's message
+    RMQ_E_UNIT_MISMATCH = 18,   /* the record a CQ unit points to is not that unit's message
                                    (PHYSICALOFFSET, or topic/QUEUEID/QUEUEOFFSET) */
+    RMQ_E_NET = 20,             /* send/receive failed or the peer closed (sys_errno set if any) */
+    RMQ_E_TIMEOUT = 21,         /* no answer (or no room to send) before the deadline */
+    RMQ_E_PROTOCOL = 22         /* a frame no server writes: bad length, header, serialize type */
 };
 
 enum rmq_status {
@@ -202,6 +205,65 @@ int64_t rmq_live_batches(void);
  * its buffers from what it reads, not from what ConsumeQueue units claim. */
 int64_t rmq_buffer_bytes_taken(void);
 const char *rmq_code_name(int code);
+
+/* -- pulls over the network (core/netpull.c: the frame layout, the rules) -- */
+
+/* A remoting frame's header, as far as pull answers need it. */
+typedef struct rmq_net_header {
+    int32_t code;
+    int32_t opaque;
+    int32_t flag;              /* bit 0: an answer; bit 1: oneway */
+    int32_t serialize_type;    /* 0 JSON, 1 ROCKETMQ binary */
+    int32_t has_next_begin;    /* extFields has nextBeginOffset */
+    int64_t header_len;        /* the body starts at 4 + header_len of the frame */
+    int64_t next_begin_offset, min_offset, max_offset, suggest_broker_id;  /* 0 when absent */
+    int64_t position;          /* a bad header: where in it the parse stopped, else -1 */
+} rmq_net_header;
+
+/* Parse frame[0, len): a frame after its length field (mark, header, body). RMQ_E_PROTOCOL
+ * names the position in the frame for a header no server writes. */
+int rmq_net_parse_header(const uint8_t *frame, int64_t len, rmq_net_header *out, rmq_error *err);
+
+enum rmq_pull_status {
+    RMQ_PULL_DATA = 0,     /* data[0, len): SUCCESS bodies joined, asked from `first`; `next` is
+                              the last answer's nextBeginOffset (where the range goes on) */
+    RMQ_PULL_ANSWER = 1,   /* data[0, len): the frame of an answer that is not plain messages,
+                              asked at `asked`; the caller decides and calls rmq_puller_seek */
+    RMQ_PULL_REQUEST = 2,  /* data[0, len): a two-way request the server sent; pulls go on */
+    RMQ_PULL_END = 3       /* the range's end was reached */
+};
+
+typedef struct rmq_pull_out {
+    int status;
+    int64_t first, next, asked;
+    int64_t rows;              /* DATA: queue offsets advanced (sum of nextBegin - asked) */
+    int64_t answers;           /* DATA: answers joined */
+    int64_t suggest;           /* DATA: the last answer's suggestWhichBrokerId */
+    const uint8_t *data;       /* valid until the next call on the puller */
+    int64_t len;
+} rmq_pull_out;
+
+typedef struct rmq_puller rmq_puller;
+
+/* A puller on a connected TCP socket (the caller owns fd and closes it after rmq_puller_free;
+ * errors do not name the peer: the caller does). */
+rmq_puller *rmq_puller_new(int fd, rmq_error *err);
+/* Pull [start, end): requests are the JSON header tmpl[0, tmpl_len) with the opaque, the queue
+ * offset and maxMsgNums (min(per_pull, what is left)) inserted at cuts[0] <= cuts[1] <= cuts[2];
+ * in_flight (1..16) requests at most are unanswered; each answer is awaited timeout_ms after its
+ * request was sent. An answer whose suggestWhichBrokerId is not expect_suggest ends a DATA.
+ * Answers to requests of an earlier range are dropped. */
+int rmq_puller_range(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const int32_t *cuts,
+                     int64_t start, int64_t end, int32_t per_pull, int32_t in_flight,
+                     int32_t timeout_ms, int64_t expect_suggest, rmq_error *err);
+/* Go on from `offset` (required after an ANSWER; allowed after a DATA). */
+int rmq_puller_seek(rmq_puller *p, int64_t offset, rmq_error *err);
+/* The next piece of the range: DATA stops once `rows` >= max_rows or len >= max_bytes, at a
+ * changed suggestion, at the end, or before an ANSWER/REQUEST. RMQ_E_NET, RMQ_E_TIMEOUT,
+ * RMQ_E_PROTOCOL leave the puller failed (only rmq_puller_free then). */
+int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull_out *out,
+                    rmq_error *err);
+void rmq_puller_free(rmq_puller *p);
 /* CDEF END */
 
 #endif

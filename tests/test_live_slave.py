@@ -16,6 +16,7 @@ import pytest
 from conftest import BROKER_LINES, running_cluster
 from rmq_source.errors import RmqRemotingError
 from rmq_source.remote import RemotingClient
+from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.backend import ClusterBackendSpec
 from rmq_source.group.allocation import MessageQueue
@@ -68,13 +69,29 @@ def _fill(cluster) -> tuple[str, dict[int, list[bytes]]]:
 
 
 class _Spy:
-    """The addresses pulls were sent to (the servers still answer every one)."""
+    """The addresses pulls were sent to (the servers still answer every one), by the Python
+    client or by the C core."""
 
     def __init__(self, monkeypatch):
         self.addrs: list[str] = []
         for name in ("pull", "send_pull"):
             real = getattr(rq, name)
             monkeypatch.setattr(rq, name, self._wrap(real))
+
+        real_next = native_pull.NativePuller.next
+
+        def next_piece(puller, *args):        # pulls of the C core: one entry per answer
+            item = real_next(puller, *args)
+            if item is not None:
+                self.addrs.extend([puller.addr] * getattr(item, "answers", 1))
+            return item
+        monkeypatch.setattr(native_pull.NativePuller, "next", next_piece)
+        real_init = native_pull.NativePuller.__init__
+
+        def connect(puller, addr, **kw):      # a connection tried (a slave that is gone fails here)
+            self.addrs.append(addr)
+            real_init(puller, addr, **kw)
+        monkeypatch.setattr(native_pull.NativePuller, "__init__", connect)
 
     def _wrap(self, real):
         def call(client, addr, *args, **kw):
@@ -83,10 +100,11 @@ class _Spy:
         return call
 
 
-def _backend(cluster, in_flight: int):
+def _backend(cluster, in_flight: int, native: bool = True):
     # a timeout of its own: a backend not shared with other tests (it caches routes)
     return ClusterBackendSpec((cluster.namesrv_addr,), 5.0 + uuid.uuid4().int % 1000 / 1e6,
-                              pulls_in_flight=in_flight, retries=1, retry_backoff_s=0.1).open()
+                              pulls_in_flight=in_flight, retries=1, retry_backoff_s=0.1,
+                              native_pulls=native).open()
 
 
 def _read_all(backend, topic, subscription: str = "*") -> dict[int, list[bytes]]:
@@ -103,23 +121,25 @@ def _read_all(backend, topic, subscription: str = "*") -> dict[int, list[bytes]]
     return got
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-pulls", "python-pulls"])
 @pytest.mark.parametrize("in_flight,subscription", [(4, "*"), (1, "*"), (4, "a")],
                          ids=["pipelined", "one-at-a-time", "filtered"])
 def test_pulls_follow_the_masters_suggestion_to_the_slave(ha_cluster, monkeypatch, in_flight,
-                                                           subscription):
+                                                           subscription, native):
     topic, sent = _fill(ha_cluster)
     if subscription == "a":
         sent = {q: bodies[::2] for q, bodies in sent.items()}
     spy = _Spy(monkeypatch)
-    assert _read_all(_backend(ha_cluster, in_flight), topic, subscription) == sent
+    assert _read_all(_backend(ha_cluster, in_flight, native), topic, subscription) == sent
     master, slave = ha_cluster.brokers["broker-a"].addr, ha_cluster.brokers["broker-a-slave1"].addr
     assert spy.addrs[0] == master, "the first pull of a queue goes to the master"
     assert spy.addrs.count(slave) > len(spy.addrs) // 2, spy.addrs
 
 
-def test_a_slave_that_is_gone_sends_the_pulls_back_to_the_master(ha_cluster, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["c-pulls", "python-pulls"])
+def test_a_slave_that_is_gone_sends_the_pulls_back_to_the_master(ha_cluster, monkeypatch, native):
     topic, sent = _fill(ha_cluster)
-    backend = _backend(ha_cluster, 4)
+    backend = _backend(ha_cluster, 4, native)
     backend.route(topic)                     # it knows the slave's address
     slave = ha_cluster.brokers["broker-a-slave1"]
     slave.kill()

@@ -182,7 +182,7 @@ def test_pulls_in_flight_follow_answers_that_come_short():
             backend._send_pull = send
             backend._answer = lambda mq, asked, call, slave: min(call.count, cap)
             backend._pull = lambda mq, offset, count, sub: pytest.fail("no pull needs a retry")
-            gen = backend._pulls(MessageQueue("T", "b", 0), 0, end, Subscription.parse("*"))
+            gen = backend._python_pulls(MessageQueue("T", "b", 0), 0, end, Subscription.parse("*"))
             offsets, offset = [], 0
             try:
                 got, n = next(gen)

@@ -9,7 +9,10 @@ question about a queue goes to the master of its broker:
 * offset by time: SEARCH_OFFSET_BY_TIMESTAMP;
 * messages: PULL_MESSAGE with the subscription; the answer's CommitLog records are decoded by the
   C core (:func:`rmq_source.store.native.decode_records`) into the same columns as the store mode.
-  With the subscription ``*`` several pulls of one range are in flight at once.
+  With the subscription ``*`` several pulls of one range are in flight at once. Pulls run in the
+  C core too (:mod:`.native_pull`: requests sent and answers read and joined with no Python per
+  answer) unless requests are ACL-signed; any failure there goes on in the Python client, whose
+  retries then apply.
 * group offsets: on the brokers (:class:`~rmq_source.remote.offset_store.BrokerOffsetStore`).
 
 A pull answered "offset moved" below the queue's min offset reports the exact messages lost
@@ -29,12 +32,13 @@ import numpy as np
 
 from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
 from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqOptionError,
-                               RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError,
-                               RmqUnknownTopicError)
+                               RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
+                               RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
+from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
-from rmq_source.remote.client import RemotingClient
+from rmq_source.remote.client import RemotingClient, auth_error, check, is_auth_failure
 from rmq_source.subscription import Subscription
 
 PERM_READ = 4
@@ -77,6 +81,9 @@ class ClusterBackendSpec(BackendSpec):
     #: the consumer group pulls name (the query's consumerGroup when it has one): brokers with ACL
     #: check the account's permission on it, brokers without auto-created groups need it to exist
     pull_group: str = PULL_GROUP
+    #: pulls run by the C core (:mod:`.native_pull`) when requests are not signed; False: every
+    #: pull through the Python client (the two give the same answers: tests compare them)
+    native_pulls: bool = True
 
     def open(self) -> "ClusterBackend":
         with _LOCK:
@@ -100,6 +107,7 @@ class ClusterBackend(Backend):
         self._down: set[str] = set()   # brokers whose last call failed after every retry
         self._nodes: dict[str, dict[int, str]] = {}   # brokerName -> broker id -> address
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
+        self._local = threading.local()                # this thread's NativePullers by address
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -353,7 +361,109 @@ class ClusterBackend(Backend):
             return None
         return None if res is None else self._follow(mq, res)
 
-    def _pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription):
+    def _pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription, max_rows: int = 1 << 16,
+               max_bytes: int = COALESCE_BYTES):
+        """(offset asked, PullResult) in offset order; the caller sends the offset to go on from.
+        A SUCCESS result may join several answers (up to ``max_rows`` queue offsets or
+        ``max_bytes`` of records): its body is their records end to end, its next_begin_offset
+        the last one's."""
+        if self.spec.native_pulls and self.spec.credentials is None:
+            template = native_pull.pull_template(rq.pull_fields(
+                self.spec.pull_group, mq.topic, mq.queue_id, 0,
+                subscription=sub.expression if not sub.sub_all else "*"))
+            if template is not None:
+                return self._native_pulls(mq, start, end, sub, template, max_rows, max_bytes)
+        return self._python_pulls(mq, start, end, sub)
+
+    def _puller(self, addr: str) -> native_pull.NativePuller:
+        pullers = self._local.__dict__.setdefault("pullers", {})
+        puller = pullers.get(addr)
+        if puller is None or puller.closed:
+            puller = pullers[addr] = native_pull.NativePuller(addr, connect_timeout=self.client.connect_timeout)
+        return puller
+
+    def _native_pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription, template,
+                      max_rows: int, max_bytes: int):
+        """:meth:`_pulls` by the C core, from the broker :meth:`_pull` would ask (the suggested
+        slave while it delivers messages, else the master). An answer that is not plain messages
+        comes here and is judged as :meth:`_answer` does; a failure of the connection (or busy)
+        goes on with :meth:`_python_pulls` from where the range is, which retries."""
+        in_flight = min(self.spec.pulls_in_flight, native_pull.MAX_IN_FLIGHT) if sub.sub_all else 1
+        offset = start
+        while offset < end:
+            expect = self._pull_from.get(mq, 0)
+            slave = self._slave_addr(mq)
+            try:
+                addr = slave or self.broker_addr(mq.broker_name)
+                puller = self._puller(addr)
+                puller.range(template, offset, end, per_pull=PULL_BATCH, in_flight=max(1, in_flight),
+                             timeout_s=self.spec.timeout_s, expect_suggest=expect if slave else 0,
+                             what=str(mq))
+                item = puller.next(max_rows, max_bytes)
+            except (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqRemotingProtocolError,
+                    RmqBrokerUnavailableError) as exc:
+                if slave is not None:
+                    self._pull_from.pop(mq, None)
+                    continue
+                log.info("pulls of %s by the C core failed (%s); going on in Python", mq, exc)
+                yield from self._python_pulls(mq, offset, end, sub)
+                return
+            while item is not None:
+                if isinstance(item, native_pull.ServerRequest):
+                    puller.refuse(item.command)
+                elif isinstance(item, native_pull.Data):
+                    res = rq.PullResult(rq.SUCCESS, item.next, 0, 0, item.suggest, item.body)
+                    offset = yield item.first, res
+                    if item.suggest != (expect if slave else 0):
+                        self._follow(mq, res)
+                        break                      # a range of its own from the suggested broker
+                    if offset >= end:
+                        return
+                    if offset != item.next:
+                        puller.seek(offset)
+                else:
+                    res = self._native_answer(mq, item, slave is not None, puller.addr)
+                    if res is None:
+                        offset = item.asked
+                        if slave is not None:
+                            break                  # asked again of the master
+                        yield from self._python_pulls(mq, offset, end, sub)   # busy: retried there
+                        return
+                    offset = yield item.asked, res
+                    if offset >= end or self._pull_from.get(mq, 0) != (expect if slave else 0):
+                        break
+                    puller.seek(offset)
+                try:
+                    item = puller.next(max_rows, max_bytes)
+                except (RmqRemotingConnectionError, RmqRemotingTimeoutError,
+                        RmqRemotingProtocolError) as exc:
+                    if slave is not None:
+                        self._pull_from.pop(mq, None)
+                        break
+                    log.info("pulls of %s by the C core failed (%s); going on in Python", mq, exc)
+                    yield from self._python_pulls(mq, offset, end, sub)
+                    return
+            else:
+                return                             # the range's end
+
+    def _native_answer(self, mq: MessageQueue, item, from_slave: bool, addr: str) -> rq.PullResult | None:
+        """:meth:`_answer` for an answer the C core handed over (never plain messages)."""
+        resp = item.command
+        if is_auth_failure(resp):
+            raise auth_error(resp, f"PULL_MESSAGE({mq}, queue offset {item.asked})", addr, None)
+        if resp.code not in rq.PULL_ANSWERS:
+            if resp.code == rq.SYSTEM_BUSY or from_slave:
+                if from_slave:
+                    self._pull_from.pop(mq, None)
+                return None
+            check(resp, f"PULL_MESSAGE({mq}, queue offset {item.asked})", addr, rq.PULL_ANSWERS)
+        res = rq.pull_answer(resp, item.asked)
+        if from_slave and res.code != rq.SUCCESS:
+            self._pull_from.pop(mq, None)          # only the master says what is not there
+            return None
+        return self._follow(mq, res)
+
+    def _python_pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription):
         """(offset asked, PullResult) in offset order. With ``*`` the next pulls of the range are
         sent ahead on the broker's connection (their offsets are known), ``pulls_in_flight`` at
         most; a filter makes the broker choose the next offset, so it is pulled one at a time.
@@ -415,7 +525,7 @@ class ClusterBackend(Backend):
             return (native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
                     if batch.num_rows else None), after
 
-        pulls = self._pulls(mq, start, end, sub)
+        pulls = self._pulls(mq, start, end, sub, batch_rows, limit_bytes)
         try:
             offset, res = next(pulls)
         except StopIteration:

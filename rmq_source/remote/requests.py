@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqRemotingProtocolError
 from rmq_source.remote.client import Call, RemotingClient, check
-from rmq_source.remote.frames import loads_fastjson
+from rmq_source.remote.frames import RemotingCommand, loads_fastjson
 
 # request codes
 SEND_MESSAGE = 10
@@ -306,20 +306,32 @@ def send_pull(client: RemotingClient, broker: str, group: str, topic: str, queue
               suspend_ms: int = 0, timeout: float | None = None) -> Call:
     """:func:`pull` without waiting: several pulls can be in flight on one connection;
     :func:`pull_result` waits for one."""
-    sys_flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
     if timeout is None:
         timeout = client.timeout + suspend_ms / 1000.0
-    return client.send(broker, PULL_MESSAGE, {
+    return client.send(broker, PULL_MESSAGE, pull_fields(
+        group, topic, queue_id, offset, max_nums=max_nums, subscription=subscription,
+        expression_type=expression_type, suspend_ms=suspend_ms), timeout=timeout)
+
+
+def pull_fields(group: str, topic: str, queue_id: int, offset: int, *, max_nums: int = 32,
+                subscription: str = "*", expression_type: str = "TAG", suspend_ms: int = 0) -> dict:
+    """The header fields of a PULL_MESSAGE carrying its subscription (no heartbeat needed)."""
+    sys_flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
+    return {
         "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
         "maxMsgNums": max_nums, "sysFlag": sys_flag, "commitOffset": 0,
         "suspendTimeoutMillis": suspend_ms, "subscription": subscription, "subVersion": 0,
         "expressionType": expression_type,
-    }, timeout=timeout)
+    }
 
 
 def pull_result(client: RemotingClient, call: Call, offset: int) -> PullResult:
     """The answer of a :func:`send_pull` asking from ``offset``."""
-    resp = client.answer(call, ok=PULL_ANSWERS)
+    return pull_answer(client.answer(call, ok=PULL_ANSWERS), offset)
+
+
+def pull_answer(resp: RemotingCommand, offset: int) -> PullResult:
+    """A pull answer (one of PULL_ANSWERS) to a request asking from ``offset``."""
     ext = resp.ext_fields
     return PullResult(resp.code, int(ext.get("nextBeginOffset", offset)), int(ext.get("minOffset", 0)),
                       int(ext.get("maxOffset", 0)), int(ext.get("suggestWhichBrokerId", 0)),
