@@ -1,0 +1,124 @@
+"""Pulls by the C core against real brokers (RocketMQ 4.9.x and 5.3.x): the same rows as the Python
+client's pulls and as what was sent, for every subscription kind, range and batch size; a queue
+that ends before the planned end; a connection that breaks halfway, which goes on in Python."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.remote import RemotingClient, native_pull
+from rmq_source.remote import requests as rq
+from rmq_source.remote.backend import ClusterBackendSpec
+
+pytestmark = [pytest.mark.broker]
+
+QUEUES, PER_QUEUE = 2, 700
+
+
+@pytest.fixture(scope="module")
+def filled(rocketmq):
+    """A topic of QUEUES queues: PER_QUEUE messages each, tags a/b/c in turn, bodies of 1 byte to
+    20 KiB (answers capped by bytes as well as by count)."""
+    topic = f"NativePull_{uuid.uuid4().hex[:8]}"
+    addr = rocketmq.brokers["broker-a"].addr
+    sent = {}
+    with RemotingClient(timeout=30) as client:
+        rocketmq.create_topic(client, topic, QUEUES)
+        for q in range(QUEUES):
+            sent[q] = [((b"%d-%d-" % (q, i) * (1 + (i * 37) % 1200))[:20000], "abc"[i % 3])
+                       for i in range(PER_QUEUE)]
+            for start in range(0, PER_QUEUE, 50):
+                rq.send_batch(client, addr, topic, [{"body": b, "tags": t, "keys": f"k{start + j}"}
+                                                    for j, (b, t) in enumerate(sent[q][start:start + 50])],
+                              queue_id=q)
+            rq.wait_max_offset(client, addr, topic, q, PER_QUEUE)
+    return topic, sent
+
+
+class _Uses:
+    """Counts the pieces the C core handed over (a test of the C path must take it)."""
+
+    def __init__(self, monkeypatch):
+        self.pieces = 0
+        real = native_pull.NativePuller.next
+
+        def counted(puller, *args):
+            item = real(puller, *args)
+            self.pieces += item is not None
+            return item
+        monkeypatch.setattr(native_pull.NativePuller, "next", counted)
+
+
+def _backend(rocketmq, native: bool):
+    # a timeout of its own: a backend not shared with other tests
+    return ClusterBackendSpec((rocketmq.namesrv_addr,), 10.0 + uuid.uuid4().int % 1000 / 1e6,
+                              native_pulls=native).open()
+
+
+def _read(backend, topic, q, start, end, sub, batch_rows, short=None):
+    mq = MessageQueue(topic, "broker-a", q)
+    rows = []
+    for batch in backend.read(mq, start, end, subscription=sub, batch_rows=batch_rows,
+                              batch_bytes=1 << 22, verify_crc=True,
+                              on_data_loss=lambda *a: pytest.fail(f"data loss {a}"),
+                              on_short_read=(lambda *a: short.append(a[:2])) if short is not None
+                              else (lambda *a: pytest.fail(f"short read {a}"))):
+        rows.extend(zip(batch.column("queueOffset").to_pylist(), batch.column("body").to_pylist(),
+                        batch.column("tags").to_pylist()))
+    return rows
+
+
+@pytest.mark.parametrize("sub", ["*", "a", "b || c"])
+@pytest.mark.parametrize("start,end", [(0, PER_QUEUE), (13, 500), (699, 700), (5, 6), (100, 100)])
+def test_c_pulls_give_the_rows_python_pulls_give(rocketmq, filled, monkeypatch, sub, start, end):
+    topic, sent = filled
+    uses = _Uses(monkeypatch)
+    wanted = set(sub.replace(" ", "").split("||"))
+    for q in range(QUEUES):
+        expected = [(o, sent[q][o][0], sent[q][o][1]) for o in range(start, end)
+                    if sub == "*" or sent[q][o][1] in wanted]
+        for batch_rows in (7, 8192):
+            native = _read(_backend(rocketmq, True), topic, q, start, end, sub, batch_rows)
+            python = _read(_backend(rocketmq, False), topic, q, start, end, sub, batch_rows)
+            assert native == python == expected, (q, batch_rows, len(native), len(python))
+    assert uses.pieces > 0 or start == end
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-pulls", "python-pulls"])
+def test_a_queue_that_ends_before_the_planned_end_is_a_short_read(rocketmq, filled, native):
+    topic, sent = filled
+    short: list = []
+    rows = _read(_backend(rocketmq, native), topic, 0, 650, PER_QUEUE + 40, "*", 8192, short)
+    assert [r[0] for r in rows] == list(range(650, PER_QUEUE)) and short == [(PER_QUEUE, PER_QUEUE + 40)]
+    short.clear()
+    assert _read(_backend(rocketmq, native), topic, 1, PER_QUEUE + 5, PER_QUEUE + 9, "*", 64, short) == []
+    assert short == [(PER_QUEUE + 5, PER_QUEUE + 9)]
+
+
+@pytest.mark.parametrize("break_at", [1, 3])
+def test_a_pull_connection_broken_halfway_goes_on_in_python(rocketmq, filled, monkeypatch, break_at):
+    topic, sent = filled
+    calls = [0]
+    real = native_pull.NativePuller.next
+
+    def breaking(puller, *args):
+        calls[0] += 1
+        if calls[0] == break_at:
+            import socket
+            puller._sock.shutdown(socket.SHUT_RDWR)     # the connection dies under the C core
+        return real(puller, *args)
+    monkeypatch.setattr(native_pull.NativePuller, "next", breaking)
+    backend = _backend(rocketmq, True)
+    went_on = []
+    real_python = backend._python_pulls
+
+    def python_pulls(mq, start, *args):
+        went_on.append(start)
+        return real_python(mq, start, *args)
+    monkeypatch.setattr(backend, "_python_pulls", python_pulls)
+    rows = _read(backend, topic, 0, 0, PER_QUEUE, "*", 50)
+    assert [r[0] for r in rows] == list(range(PER_QUEUE))
+    assert [r[1] for r in rows] == [b for b, _ in sent[0]]
+    assert calls[0] == break_at and len(went_on) == 1 and went_on[0] >= (break_at - 1) * 50
