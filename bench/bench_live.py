@@ -4,8 +4,9 @@ Starts a NameServer and two brokers of one RocketMQ version (``tests/rocketmq_cl
 and Maven), sends ``--messages`` 1 KiB messages to a topic of 4 queues on each broker, then reads
 them all, each best of ``--repeat`` after a warm-up pass:
 
-* **ours**: :class:`rmq_source.remote.backend.ClusterBackend` pulling (4 pulls in flight a queue)
-  and decoding into Arrow batches with the C core, no Spark; CPU seconds of this process;
+* **ours**: :class:`rmq_source.remote.backend.ClusterBackend` pulling (the C core's pull loop, 4
+  pulls in flight a queue) and decoding into Arrow batches with the C core, no Spark; CPU seconds
+  of this process;
 * **java**: the real ``DefaultMQPullConsumer`` (compiled here) pulling 32 at a time and decoding
   into ``MessageExt`` (bodies touched); CPU seconds of its JVM, measured inside it;
 * **spark**: ``spark.read.format("rmq")`` with every column into the ``noop`` sink (wall clock).
