@@ -1,0 +1,242 @@
+"""The expressions of a SQL92 selector and how RocketMQ's broker evaluates them for one message
+(the filter module's ``expression`` package): three-valued logic with Java's null, left to right
+with short cuts, and an exception anywhere dropping the message.
+
+``evaluate(props)`` takes the message's properties (name -> string, ``TAGS`` included) and returns
+a value of :mod:`.javavalues` (booleans as ``(BOOL, b)``) or raises EvalError. This is the
+reference the vectorized evaluator (:mod:`.arrow_eval`) is tested against, and the model of what
+the brokers deliver.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rmq_source.sql92.javavalues import (BOOL, DOUBLE, NUMERIC, STR, EvalError, java_compare,
+                                         java_equals, parse_java_double)
+
+TRUE, FALSE = (BOOL, True), (BOOL, False)
+
+
+def _b(x: bool):
+    return TRUE if x else FALSE
+
+
+class Node:
+    #: a BooleanExpression in the Java model (may stand where a condition is expected)
+    boolean = False
+
+    def evaluate(self, props: dict[str, str]):
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Const(Node):
+    value: object            # a javavalues value or None
+    boolean: bool = False    # TRUE, FALSE and NULL are BooleanConstantExpressions
+
+    def evaluate(self, props):
+        return self.value
+
+    def __str__(self):
+        if self.value is None:
+            return "NULL"
+        kind, v = self.value
+        if kind == BOOL:
+            return "TRUE" if v else "FALSE"
+        if kind == STR:
+            return "'" + v.replace("'", "''") + "'"
+        return repr(v)
+
+
+@dataclass(frozen=True)
+class Prop(Node):
+    name: str
+
+    def evaluate(self, props):
+        v = props.get(self.name)
+        return None if v is None else (STR, v)
+
+    def __str__(self):
+        return self.name
+
+
+@dataclass(frozen=True)
+class Negate(Node):
+    operand: Node
+
+    def evaluate(self, props):
+        v = self.operand.evaluate(props)
+        if v is None or v[0] not in NUMERIC:
+            return None              # only numbers negate; a string (a property) gives null
+        return (v[0], -v[1])
+
+    def __str__(self):
+        return f"(- {self.operand})"
+
+
+@dataclass(frozen=True)
+class BoolCast(Node):
+    """A property where a condition is expected: true only if the value is a Boolean object,
+    which a property (a string) never is."""
+    operand: Node
+    boolean = True
+
+    def evaluate(self, props):
+        v = self.operand.evaluate(props)
+        if v is None:
+            return None
+        return _b(v[0] == BOOL and v[1])
+
+    def __str__(self):
+        return str(self.operand)
+
+
+@dataclass(frozen=True)
+class Less(Node):
+    """``>``, ``>=``, ``<``, ``<=``: two strings compare as doubles; otherwise as __compare does."""
+    op: str
+    left: Node
+    right: Node
+    boolean = True
+
+    def evaluate(self, props):
+        lv = self.left.evaluate(props)
+        if lv is None:
+            return None
+        rv = self.right.evaluate(props)
+        if rv is None:
+            return None
+        if lv[0] == STR and rv[0] == STR:
+            lv, rv = (DOUBLE, parse_java_double(lv[1])), (DOUBLE, parse_java_double(rv[1]))
+        c = java_compare(lv, rv)
+        return _b({">": c > 0, ">=": c >= 0, "<": c < 0, "<=": c <= 0}[self.op])
+
+    def __str__(self):
+        return f"({self.left} {self.op} {self.right})"
+
+
+@dataclass(frozen=True)
+class Equal(Node):
+    """``=`` (and IS NULL, against the NULL constant): null on the left alone gives null, on the
+    right alone false, on both sides true."""
+    left: Node
+    right: Node
+    boolean = True
+
+    def evaluate(self, props):
+        lv = self.left.evaluate(props)
+        rv = self.right.evaluate(props)
+        if (lv is None) != (rv is None):
+            return None if lv is None else FALSE
+        if lv is None or java_equals(lv, rv):
+            return TRUE
+        return _b(java_compare(lv, rv) == 0)
+
+    def __str__(self):
+        return f"({self.left} = {self.right})"
+
+
+@dataclass(frozen=True)
+class Not(Node):
+    operand: Node
+    boolean = True
+
+    def evaluate(self, props):
+        v = self.operand.evaluate(props)
+        if v is None:
+            return None
+        if v[0] != BOOL:
+            raise EvalError("ClassCastException: not a Boolean")
+        return _b(not v[1])
+
+    def __str__(self):
+        return f"(NOT {self.operand})"
+
+
+def _bool(v):
+    if v is not None and v[0] != BOOL:
+        raise EvalError("ClassCastException: not a Boolean")
+    return v
+
+
+@dataclass(frozen=True)
+class And(Node):
+    left: Node
+    right: Node
+    boolean = True
+
+    def evaluate(self, props):
+        lv = _bool(self.left.evaluate(props))
+        if lv == FALSE:
+            return FALSE
+        rv = _bool(self.right.evaluate(props))
+        if rv == FALSE:
+            return FALSE
+        return None if lv is None or rv is None else TRUE
+
+    def __str__(self):
+        return f"({self.left} AND {self.right})"
+
+
+@dataclass(frozen=True)
+class Or(Node):
+    left: Node
+    right: Node
+    boolean = True
+
+    def evaluate(self, props):
+        lv = _bool(self.left.evaluate(props))
+        if lv == TRUE:
+            return TRUE
+        rv = _bool(self.right.evaluate(props))
+        if rv == TRUE:
+            return TRUE
+        return None if lv is None or rv is None else FALSE
+
+    def __str__(self):
+        return f"({self.left} OR {self.right})"
+
+
+@dataclass(frozen=True)
+class In(Node):
+    """``prop [NOT] IN ('a', ...)``: strings only; a missing property gives null."""
+    operand: Prop
+    values: frozenset
+    negated: bool
+    boolean = True
+
+    def evaluate(self, props):
+        v = self.operand.evaluate(props)
+        if v is None or v[0] != STR:
+            return None
+        return _b((v[1] in self.values) != self.negated)
+
+    def __str__(self):
+        vals = ", ".join("'" + v.replace("'", "''") + "'" for v in sorted(self.values))
+        return f"({self.operand} {'NOT ' if self.negated else ''}IN ({vals}))"
+
+
+@dataclass(frozen=True)
+class StringTest(Node):
+    """``x [NOT] CONTAINS|STARTSWITH|ENDSWITH 's'`` (RocketMQ 5): false, never null, when ``x`` is
+    missing or not a string, and false for an empty ``s`` (NOT included)."""
+    kind: str
+    operand: Node
+    search: str
+    negated: bool
+    boolean = True
+
+    def evaluate(self, props):
+        if not self.search:
+            return FALSE
+        v = self.operand.evaluate(props)
+        if v is None or v[0] != STR:
+            return FALSE
+        s = v[1]
+        hit = (self.search in s if self.kind == "CONTAINS" else
+               s.startswith(self.search) if self.kind == "STARTSWITH" else s.endswith(self.search))
+        return _b(hit != self.negated)
+
+    def __str__(self):
+        search = "'" + self.search.replace("'", "''") + "'"
+        return f"({self.operand} {'NOT ' if self.negated else ''}{self.kind} {search})"
