@@ -48,4 +48,5 @@ _Static_assert(RMQ_NBUF == 34, "rmq_batch.bufs size must match RMQ_NBUF");
 #include "core/scan.c"
 #include "core/pull.c"
 #include "core/netpull.c"
+#include "core/sql92.c"
 #include "core/export.c"

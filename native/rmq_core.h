@@ -264,6 +264,53 @@ int rmq_puller_seek(rmq_puller *p, int64_t offset, rmq_error *err);
 int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull_out *out,
                     rmq_error *err);
 void rmq_puller_free(rmq_puller *p);
+
+/* -- SQL92 selectors over the properties column (core/sql92.c) -- */
+
+enum rmq_sql_op {
+    RMQ_SQL_CONST = 1,    /* kind: 0 null, 1 Integer, 2 Long, 3 Double, 4 String (str), 5 Boolean */
+    RMQ_SQL_PROP = 2,     /* str: index of the property (rmq_sql_prog.prop_str) */
+    RMQ_SQL_NEG = 3,      /* -a */
+    RMQ_SQL_CAST = 4,     /* a property where a condition is expected */
+    RMQ_SQL_LESS = 5,     /* kind: 0 >, 1 >=, 2 <, 3 <= */
+    RMQ_SQL_EQ = 6,
+    RMQ_SQL_NOT = 7,
+    RMQ_SQL_AND = 8,
+    RMQ_SQL_OR = 9,
+    RMQ_SQL_IN = 10,      /* a [NOT] IN (strings str .. str + nstr - 1) */
+    RMQ_SQL_STRTEST = 11  /* kind: 0 CONTAINS, 1 STARTSWITH, 2 ENDSWITH; search: string str */
+};
+
+typedef struct rmq_sql_node {
+    int32_t op;
+    int32_t a, b;          /* children: indices of earlier nodes */
+    int32_t kind;
+    int32_t negated;
+    int32_t str, nstr;
+    int64_t ival;
+    double dval;
+} rmq_sql_node;
+
+/* A selector as rmq_source/sql92/program.py lays it out: nodes children first, root last;
+ * strings[str_off[k], str_off[k + 1]) is string k (UTF-8); property k is named string
+ * prop_str[k] (at most 64 properties; nesting at most 256 deep). */
+typedef struct rmq_sql_prog {
+    const rmq_sql_node *nodes;
+    int32_t nnodes, root;
+    const uint8_t *strings;
+    const int32_t *str_off;
+    int32_t nstrings;
+    const int32_t *prop_str;
+    int32_t nprops;
+} rmq_sql_prog;
+
+/* out[r] = 1 when the selector is TRUE for row r of a map<string,string> column (rows from
+ * row_offset; map_off/map_valid indexed by row_offset + r; entries, key_bytes, val_bytes bound
+ * the children), 0 when it is FALSE, null or raised a Java exception (the broker's rule). */
+int rmq_sql_eval(const rmq_sql_prog *p, int64_t rows, int64_t row_offset, const int32_t *map_off,
+                 const uint8_t *map_valid, const int32_t *key_off, const uint8_t *key_data,
+                 const int32_t *val_off, const uint8_t *val_data, int64_t entries,
+                 int64_t key_bytes, int64_t val_bytes, uint8_t *out, rmq_error *err);
 /* CDEF END */
 
 #endif

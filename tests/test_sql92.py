@@ -122,3 +122,51 @@ def test_nan_compares_above_everything_and_equal_to_itself():
     nan = compile_selector("a > 1E300")
     assert nan.matches({"a": "NaN"}) and not compile_selector("a < 1.5").matches({"a": "NaN"})
     assert math.isnan(parse_java_double("NaN"))
+
+
+# ------------------------------------------------------------------ the C evaluation
+
+_VALUES = st.sampled_from(["10", "5", "-5", "0", "+7", " 3", "3.5", "1e3", "NaN", "-Infinity",
+                           "0x1p3", "10d", "2147483648", "3000000000", "9223372036854775807",
+                           "99999999999999999999", "abc", "x", "y", "it's", "ünï", "true", "TRUE",
+                           "٣", "２", "𝟘", "-0", "1_000", "1.5F", ".5", "5.", "0x10", "tRuE"])
+_PROPS = st.dictionaries(st.sampled_from(["a", "b", "TAGS", "c"]), _VALUES, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.one_of(_ATOMS, _OPS), min_size=1, max_size=9),
+       rows=st.lists(st.one_of(st.none(), _PROPS), min_size=1, max_size=12),
+       start=st.integers(0, 3))
+def test_the_c_evaluation_selects_what_the_reference_selects(parts, rows, start):
+    import pyarrow as pa
+
+    from rmq_source.sql92.program import Program
+    text = " ".join(parts)
+    try:
+        sel = compile_selector(text)
+    except RmqOptionError:
+        return
+    column = pa.array([list(r.items()) if r is not None else None for r in rows],
+                      type=pa.map_(pa.string(), pa.string())).slice(min(start, len(rows) - 1))
+    expected = [sel.matches(dict(r) if r is not None else {}) for r in column.to_pylist()]
+    assert Program(sel.root, text).matches_mask(column).astype(bool).tolist() == expected, text
+
+
+@pytest.mark.parametrize("text,props,expected", [
+    ("a > 5", {"a": "10"}, True), ("a > 5", {"a": "abc"}, False), ("a > 5.0", {"a": " 7 "}, True),
+    ("a = 3", {"a": "٣"}, True), ("a = 0", {"a": "𝟘"}, False), ("a = TRUE", {"a": "tRuE"}, True),
+    ("a > 1E300", {"a": "NaN"}, True), ("a = 8.0", {"a": "0x1p3"}, True),
+    ("a < 5 OR b = 'x'", {"a": "abc", "b": "x"}, False), ("b = 'x' OR a < 5", {"a": "abc", "b": "x"}, True),
+    ("NOT ('x' = b)", {}, True), ("NOT (b = 'x')", {}, False), ("a = b", {}, True),
+    ("a > 3000000000", {"a": "3000000001"}, True), ("a > 2147483647", {"a": "3000000000"}, False),
+    ("a = 5", {"a": "3000000000"}, False), ("a CONTAINS ''", {"a": "x"}, False),
+    ("a NOT CONTAINS 'z'", {}, False),
+])
+def test_c_and_reference_on_the_brokers_corner_cases(text, props, expected):
+    import pyarrow as pa
+
+    from rmq_source.sql92.program import Program
+    sel = compile_selector(text)
+    column = pa.array([list(props.items())], type=pa.map_(pa.string(), pa.string()))
+    assert sel.matches(props) is expected
+    assert bool(Program(sel.root, text).matches_mask(column)[0]) is expected

@@ -27,7 +27,8 @@ class EvalError(Exception):
 
 def parse_java_int(s: str, lo: int, hi: int) -> int:
     """``Integer.parseInt`` / ``Long.parseLong`` (radix 10): an optional sign, then decimal digits
-    of any script (``Character.digit``); no blanks, no underscores."""
+    of any script in the BMP (``Character.digit`` of one UTF-16 unit: a digit outside the BMP is
+    two surrogates, neither a digit); no blanks, no underscores."""
     if not s:
         raise EvalError("empty number")
     i, neg = 0, False
@@ -37,7 +38,7 @@ def parse_java_int(s: str, lo: int, hi: int) -> int:
             raise EvalError(f"bad number {s!r}")
     v = 0
     for ch in s[i:]:
-        d = unicodedata.decimal(ch, None)
+        d = unicodedata.decimal(ch, None) if ord(ch) <= 0xFFFF else None
         if d is None:
             raise EvalError(f"bad number {s!r}")
         v = v * 10 + d
