@@ -1,9 +1,10 @@
-"""Tag subscriptions parsed as RocketMQ's FilterAPI does, and Java's String.hashCode.
+"""Subscriptions parsed as RocketMQ's FilterAPI does, and Java's String.hashCode.
 
-A :class:`Subscription` has two stages, as the broker and the client apply them: the ConsumeQueue
-stage compares the unit's tag hash code (low 32 bits) with ``codes``; the client stage keeps only
-records whose ``TAGS`` string is in ``tags`` (hash codes collide: ``"Aa"`` and ``"BB"`` both hash to
-2112).
+A tag :class:`Subscription` has two stages, as the broker and the client apply them: the
+ConsumeQueue stage compares the unit's tag hash code (low 32 bits) with ``codes``; the client stage
+keeps only records whose ``TAGS`` string is in ``tags`` (hash codes collide: ``"Aa"`` and ``"BB"``
+both hash to 2112). A SQL92 subscription (``expression_type="SQL92"``) selects by the message's
+properties (:mod:`rmq_source.sql92`); it reads every unit and filters the decoded messages.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import re
 from dataclasses import dataclass
 
 SUB_ALL = "*"
+TAG, SQL92 = "TAG", "SQL92"
+EXPRESSION_TYPES = (TAG, SQL92)
 _SPLIT = re.compile(r"\|\|")
 
 
@@ -51,9 +54,28 @@ class Subscription:
     sub_all: bool
     tags: tuple[str, ...] = ()
     codes: tuple[int, ...] = ()
+    expression_type: str = TAG
+
+    @property
+    def is_sql(self) -> bool:
+        return self.expression_type == SQL92
+
+    @property
+    def tag_filter(self) -> bool:
+        """Units are filtered by tag hash code (and records by tag string)."""
+        return not self.sub_all and not self.is_sql
 
     @classmethod
-    def parse(cls, expression: str | None) -> "Subscription":
+    def parse(cls, expression: str | None, expression_type: str = TAG) -> "Subscription":
+        """RmqOptionError for a SQL92 selector the broker would refuse (naming the position)."""
+        if expression_type == SQL92:
+            from rmq_source.sql92 import compile_selector
+            compile_selector(expression)
+            return cls(expression, False, expression_type=SQL92)
+        if expression_type != TAG:
+            from rmq_source.errors import RmqOptionError
+            raise RmqOptionError(f"option expressionType: {expression_type!r} is not one of "
+                                 f"{', '.join(EXPRESSION_TYPES)}")
         if expression is None or expression == "" or expression == SUB_ALL:
             return cls(expression or SUB_ALL, True)
         pieces = _SPLIT.split(expression)
@@ -73,14 +95,14 @@ class Subscription:
 
     def matches_code(self, tags_code_value: int) -> bool:
         """ConsumeQueue stage: does a unit with this tagsCode pass the hash filter?"""
-        if self.sub_all:
+        if not self.tag_filter:
             return True
         low = tags_code_value & 0xFFFFFFFF
         low = low - (1 << 32) if low & 0x80000000 else low
         return low in self.codes
 
     def matches(self, tags_code_value: int, tags: str | None) -> bool:
-        """Both stages: hash code, then the exact tag string."""
-        if self.sub_all:
+        """Both stages: hash code, then the exact tag string (SQL92: every unit, see module doc)."""
+        if not self.tag_filter:
             return True
         return self.matches_code(tags_code_value) and tags is not None and tags in self.tags

@@ -70,9 +70,18 @@ CASES = {
     "timestamp window": (dict(topic="TopicTest", startingTimestamp=str(1_700_000_000_500),
                               endingTimestamp=str(1_700_000_001_200)),
                          lambda w: w.topic == "TopicTest" and 1_700_000_000_500 <= w.store_ts < 1_700_000_001_200),
+    "SQL92 selector": (dict(topic="TopicTest", expressionType="SQL92",
+                            subExpression="TAGS = 'TagA' OR (seq > 200 AND seq NOT IN ('230'))"),
+                       lambda w: w.topic == "TopicTest" and (w.tags == "TagA" or (
+                           _seq(w) > 200 and _seq(w) != 230))),
     "few partitions AVG_BY_CIRCLE": (dict(topic="TopicTest", numPartitions="3", allocateStrategy="AVG_BY_CIRCLE"),
                                      lambda w: w.topic == "TopicTest"),
 }
+
+
+def _seq(w) -> int:
+    """The ``seq`` property store_builder gives each message (also in its body)."""
+    return int(w.body.split(b"-")[4])
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
@@ -104,6 +113,9 @@ def test_rows_of_a_queue_come_in_offset_order(spark, stores):
     (dict(topic="NoSuchTopic"), RmqUnknownTopicError, "NoSuchTopic"),
     (dict(topic="TopicTest", allocateStrategy="NOPE"), RmqOptionError, "allocateStrategy"),
     (dict(topic="TopicTest", startingOffsets="{bad json"), RmqOptionError, "startingOffsets"),
+    (dict(topic="TopicTest", expressionType="SQL"), RmqOptionError, "expressionType"),
+    (dict(topic="TopicTest", expressionType="SQL92", subExpression="seq > 'x'"), RmqOptionError,
+     "invalid SQL92 selector at position 4"),
 ])
 def test_bad_options_fail_with_a_clear_error(spark, stores, options, error, message):
     path, _ = stores["a"]

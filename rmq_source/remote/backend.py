@@ -316,12 +316,14 @@ class ClusterBackend(Backend):
         other answer of a slave (nothing there yet, an error, no answer) is asked of the master,
         whose answers alone decide what is lost or where a queue ends."""
         expression = sub.expression if not sub.sub_all else "*"
+        kind = sub.expression_type
         max_nums = max(1, min(count, PULL_BATCH))
         slave = self._slave_addr(mq)
         if slave is not None:
             try:
                 call = rq.send_pull(self.pull_client, slave, self.spec.pull_group, mq.topic, mq.queue_id,
-                                    offset, max_nums=max_nums, subscription=expression)
+                                    offset, max_nums=max_nums, subscription=expression,
+                                    expression_type=kind)
             except RmqRemotingError:
                 call = None
             res = self._answer(mq, offset, call, True)
@@ -329,7 +331,7 @@ class ClusterBackend(Backend):
                 return res
         return self._follow(mq, self._call(mq.broker_name, lambda addr: rq.pull(
             self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-            max_nums=max_nums, subscription=expression), ride_out=True))
+            max_nums=max_nums, subscription=expression, expression_type=kind), ride_out=True))
 
     def _send_pull(self, mq: MessageQueue, offset: int, count: int):
         """(a pull of ``*`` sent without waiting or None when it could not be sent, whether it
@@ -370,7 +372,8 @@ class ClusterBackend(Backend):
         if self.spec.native_pulls and self.spec.credentials is None:
             template = native_pull.pull_template(rq.pull_fields(
                 self.spec.pull_group, mq.topic, mq.queue_id, 0,
-                subscription=sub.expression if not sub.sub_all else "*"))
+                subscription=sub.expression if not sub.sub_all else "*",
+                expression_type=sub.expression_type))
             if template is not None:
                 return self._native_pulls(mq, start, end, sub, template, max_rows, max_bytes)
         return self._python_pulls(mq, start, end, sub)
@@ -509,7 +512,7 @@ class ClusterBackend(Backend):
         from rmq_source.store.reader import native_rows
 
         sub = subscription if isinstance(subscription, Subscription) else Subscription.parse(subscription)
-        tags = None if sub.sub_all else tuple(sub.tags)
+        tags = tuple(sub.tags) if sub.tag_filter else None   # SQL92: the caller rechecks rows
         limit_bytes = min(batch_bytes, COALESCE_BYTES)
         pending: list[bytes] = []        # bodies of SUCCESS answers not yet decoded, in order
         first = [0, 0, 0]                # queue offset of the first of them; messages, bytes in them
@@ -599,6 +602,7 @@ class ClusterBackend(Backend):
         from rmq_source.remote.membership import BrokerMembership
         membership = BrokerMembership(self, opts.consumer_group, opts.client_id,
                                       subscription=opts.subscription.expression,
+                                      expression_type=opts.subscription.expression_type,
                                       consume_from_where=opts.consume_from_where,
                                       heartbeat_timeout_ms=opts.lock_lease_ms)
         membership.subscribe(opts.topics or ())

@@ -29,11 +29,12 @@ class BrokerMembership:
     """``client_id`` in ``group`` on the brokers of ``backend`` (a ClusterBackend)."""
 
     def __init__(self, backend, group: str, client_id: str, *, subscription: str,
-                 consume_from_where: str, heartbeat_timeout_ms: int):
+                 consume_from_where: str, heartbeat_timeout_ms: int, expression_type: str = "TAG"):
         self.backend = backend
         self.group = group
         self.client_id = client_id
         self.subscription = subscription
+        self.expression_type = expression_type
         self.consume_from_where = consume_from_where
         #: how long a member that stopped heartbeating may still hold queues (the session's bound
         #: of waits; the brokers themselves expire a silent channel after about 120 s)
@@ -68,7 +69,7 @@ class BrokerMembership:
             def beat(addr):
                 rq.heartbeat(self.client, addr, self.client_id,
                              consumer_groups={self.group: list(self.topics)},
-                             subscription=self.subscription,
+                             subscription=self.subscription, expression_type=self.expression_type,
                              consume_from_where=self.consume_from_where)
                 self._joined.add(name)
                 return rq.consumer_list(self.client, addr, self.group)

@@ -392,17 +392,20 @@ def client_id() -> str:
 
 def heartbeat(client: RemotingClient, broker: str, client_id_: str, *, consumer_groups: Mapping[str, list[str]] = (),
               producer_groups: Iterable[str] = (), subscription: str = "*",
-              consume_from_where: str = "CONSUME_FROM_LAST_OFFSET", timeout=None) -> None:
-    """HEART_BEAT: ``consumer_groups`` maps a group to the topics it subscribes, each with the tag
-    expression ``subscription`` (its tags and their Java hash codes, as the Java client sends)."""
+              expression_type: str = "TAG", consume_from_where: str = "CONSUME_FROM_LAST_OFFSET",
+              timeout=None) -> None:
+    """HEART_BEAT: ``consumer_groups`` maps a group to the topics it subscribes, each with the
+    expression ``subscription`` (a tag expression with its tags and their Java hash codes, as the
+    Java client sends, or a SQL92 selector)."""
     from rmq_source.subscription import Subscription
-    sub = Subscription.parse(subscription)
+    sub = Subscription.parse(subscription, expression_type)
     consumers = [{
         "groupName": g, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
         "consumeFromWhere": consume_from_where, "unitMode": False,
         "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": sub.expression,
                                  "tagsSet": list(sub.tags), "codeSet": list(sub.codes),
-                                 "subVersion": 0, "expressionType": "TAG"} for t in topics],
+                                 "subVersion": 0, "expressionType": sub.expression_type}
+                                for t in topics],
     } for g, topics in dict(consumer_groups).items()]
     body = {"clientID": client_id_, "producerDataSet": [{"groupName": g} for g in producer_groups],
             "consumerDataSet": consumers}

@@ -52,7 +52,12 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                      "the stores; while streaming, new matching topics and queues are picked up "
                      "from their earliest offset."),
     "assign": ("none", 'Exact queues as JSON {"topic":{"broker":[queueIds]}}.'),
-    "subExpression": ("*", "RocketMQ tag expression: * (all) or TagA || TagB."),
+    "subExpression": ("*", "RocketMQ tag expression: * (all) or TagA || TagB; with "
+                           "expressionType=SQL92 a SQL92 selector over the message properties "
+                           "(required then), e.g. region = 'eu' AND amount > 100."),
+    "expressionType": ("TAG", "TAG or SQL92: how subExpression selects messages. SQL92 is "
+                              "RocketMQ's selector language and semantics (see semantics.md); "
+                              "live brokers need enablePropertyFilter=true."),
     "consumerGroup": ("none",
                       "Consumer group whose progress is read (startingOffsets=group) and "
                       "committed. Characters [%|a-zA-Z0-9_-]."),

@@ -52,7 +52,7 @@ from rmq_source.spark.option_values import (CLASS_SPEC_RE, CLIENT_ID_RE, EARLIES
                                             fail, int_option, parse_namesrv_addr,
                                             parse_offsets_json, parse_queue_json)
 from rmq_source.store.native import MAX_BATCH_BYTES
-from rmq_source.subscription import Subscription
+from rmq_source.subscription import EXPRESSION_TYPES, SQL92, Subscription
 
 __all__ = [
     "SourceOptions", "parse_options", "OPTION_DOCS", "options_markdown",
@@ -312,11 +312,20 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                 raise fail(name, value, f"queue {mq.topic}/{mq.broker_name}/{mq.queue_id} is not "
                                          "in assign")
 
-    expression = opts.get("subExpression", "*")
-    subscription = Subscription.parse(expression)
-    if not subscription.sub_all and not subscription.tags:
-        raise fail("subExpression", expression, "expected * or tags separated by || "
-                                                 "(e.g. TagA || TagB); this names no tag")
+    expression_type = opts.get("expressionType", "TAG")
+    if expression_type not in EXPRESSION_TYPES:
+        raise fail("expressionType", expression_type, "expected TAG (the default) or SQL92")
+    if expression_type == SQL92:
+        if "subExpression" not in opts:
+            raise RmqOptionError("option subExpression: required with expressionType=SQL92 (a "
+                                 "selector such as region = 'eu' AND amount > 100)")
+        subscription = Subscription.parse(opts["subExpression"], SQL92)
+    else:
+        expression = opts.get("subExpression", "*")
+        subscription = Subscription.parse(expression)
+        if not subscription.sub_all and not subscription.tags:
+            raise fail("subExpression", expression, "expected * or tags separated by || "
+                                                     "(e.g. TagA || TagB); this names no tag")
 
     group = None
     if "consumerGroup" in opts:

@@ -15,6 +15,8 @@ from pyspark.sql.datasource import InputPartition
 from rmq_source.backend import BackendSpec, TaskLock
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError
+from rmq_source.sql92.program import filter_batch, selector_program
+from rmq_source.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class RmqInputPartition(InputPartition):
     verify_crc: bool
     fail_on_data_loss: bool
     lock: TaskLock | None = None
+    expression_type: str = "TAG"
 
 
 def check_task_locks(part: RmqInputPartition):
@@ -68,6 +71,11 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(part, RmqInputPartition):
         return
     backend = check_task_locks(part)
+    sub = Subscription.parse(part.sub_expression, part.expression_type)
+    # SQL92: the store's units are all read and the live brokers filter; the rows are (re)checked
+    # here by the C evaluation, as RocketMQ's clients do not (a broker delivers every message for a
+    # selector it cannot compile)
+    program = selector_program(sub.expression) if sub.is_sql else None
     for r in part.ranges:
         def lost(first: int, until: int, why: str, r: RangeSpec = r) -> None:
             msg = (f"{r.mq}: offsets [{first}, {until}) ({until - first} messages) of the planned "
@@ -80,12 +88,19 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
             continue
         # A task reaches the end it was planned with, or says what it could not read: retention
         # (on_data_loss) and a queue shorter than planned or gone (on_short_read).
-        yield from backend.read(
-            r.mq, r.start, r.end, subscription=part.sub_expression,
+        batches = backend.read(
+            r.mq, r.start, r.end, subscription=sub,
             batch_rows=part.batch_rows, batch_bytes=part.batch_bytes, verify_crc=part.verify_crc,
             on_data_loss=lambda first, readable, lost=lost: lost(
                 first, readable, "deleted by retention after the batch was planned"),
             on_short_read=lost)
+        if program is None:
+            yield from batches
+            continue
+        for batch in batches:
+            batch = filter_batch(program, batch)
+            if batch.num_rows:
+                yield batch
 
 
 def build_partitions(tasks, opts, backend, lock: TaskLock | None = None) -> list[RmqInputPartition]:
@@ -97,6 +112,7 @@ def build_partitions(tasks, opts, backend, lock: TaskLock | None = None) -> list
             ranges=tuple(RangeSpec(r.mq.topic, r.mq.broker_name, r.mq.queue_id, r.start, r.end)
                          for r in task.ranges),
             sub_expression=opts.subscription.expression,
+            expression_type=opts.subscription.expression_type,
             batch_rows=opts.batch_rows,
             batch_bytes=opts.batch_bytes,
             verify_crc=opts.verify_crc,

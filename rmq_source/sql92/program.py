@@ -3,6 +3,8 @@ the ``properties`` column of a batch: :func:`matches_mask` and :func:`filter_bat
 Python per message. The C evaluation follows :mod:`.nodes` step by step; tests compare them."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 
@@ -145,6 +147,13 @@ class Program:
         if rc:
             raise RmqOptionError(ffi.string(err.message).decode("utf-8", "replace"))
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def selector_program(text: str) -> Program:
+    """The program of a selector (parsed and laid out once per process)."""
+    from rmq_source.sql92 import compile_selector
+    return Program(compile_selector(text).root, text)
 
 
 def _ptr(ffi, buf):

@@ -346,8 +346,8 @@ class Store:
         if batch_rows <= 0 or batch_bytes <= 0:
             raise RmqOptionError("batch_rows and batch_bytes must be positive")
         sub = _check_subscription(subscription)
-        codes = None if sub.sub_all else sub.codes
-        tags = None if sub.sub_all else sub.tags
+        codes = sub.codes if sub.tag_filter else None     # SQL92: the caller filters rows
+        tags = sub.tags if sub.tag_filter else None
         pos = start
         while pos < end:
             try:
