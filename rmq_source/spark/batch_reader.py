@@ -1,27 +1,38 @@
-"""Planning of a batch read (``spark.read.format("rmq")``): one range per queue, start to end."""
+"""Planning of a batch read (``spark.read.format("rmq")``): one range per queue, start to end,
+narrowed by the filters Spark pushed (:mod:`.pushdown`)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rmq_source.spark.partition_reader import RmqInputPartition, build_partitions
+from rmq_source.spark.pushdown import Pushed
 from rmq_source.spark.planner import QueueRange, plan_tasks
 from rmq_source.spark.positions import check_data_loss, ending_offsets, starting_offsets
 from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
 
 
-def plan_batch(opts) -> list[RmqInputPartition]:
+def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
     """Input partitions of a batch read; queues with nothing between start and end make no task.
 
     The starting position must not lie below a queue's min offset (``failOnDataLoss``); an end
-    below the start reads nothing from that queue.
+    below the start reads nothing from that queue. ``pushed`` leaves out queues, clamps ranges and
+    reads only the pushed tags.
     """
+    from rmq_source.subscription import Subscription
+    pushed = pushed or Pushed()
+    if pushed.tags is not None:
+        if not pushed.tags:
+            return []                       # tags = 'A' AND tags = 'B'
+        opts = replace(opts, subscription=Subscription.parse(" || ".join(sorted(pushed.tags))))
     backend = open_backend(opts)
-    mqs = discover_queues(backend, opts)
+    mqs = [mq for mq in discover_queues(backend, opts) if pushed.keeps_queue(mq)]
     starts = starting_offsets(backend, mqs, opts, open_group_store(opts, backend))
     ends = ending_offsets(backend, mqs, opts)
     infos = backend.infos(mqs)
     ranges = []
     for mq in mqs:
         start = check_data_loss(mq, starts[mq], infos[mq], opts.fail_on_data_loss)
-        ranges.append(QueueRange(mq, start, max(start, min(ends[mq], infos[mq].max_offset))))
+        ranges.append(QueueRange(mq, *pushed.clamp(start, max(start, min(ends[mq], infos[mq].max_offset)))))
     tasks = plan_tasks(ranges, strategy_of(opts), opts.consumer_group or "", opts.num_partitions,
                        opts.orderly, opts.min_partitions, opts.client_id)
     return build_partitions(tasks, opts, backend)

@@ -1,0 +1,95 @@
+"""Spark filters a batch read takes over (``pushFilters``, active when the session sets
+``spark.sql.python.filterPushdown.enabled=true``), each applied exactly where the store answers it
+faster than a scan:
+
+* ``topic``, ``brokerName``, ``queueId`` equal to / IN values: only those queues are planned;
+* ``queueOffset`` compared with an integer: the planned ranges are clamped;
+* ``tags`` equal to / IN strings: the tag hash scan of the ConsumeQueue with the exact tag check
+  (as a tag subscription), when the query has no subExpression of its own.
+
+A filter is taken only when its value has the column's type and can be applied exactly; every
+other filter (and any filter on other columns) stays with Spark. Filters are ANDed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+_EXACT_TAG = "||"
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """Restrictions of the taken filters; None: no restriction. Offsets: ``[offset_lo,
+    offset_hi)``."""
+
+    topics: frozenset | None = None
+    brokers: frozenset | None = None
+    queue_ids: frozenset | None = None
+    offset_lo: int = 0
+    offset_hi: int | None = None
+    tags: frozenset | None = None
+
+    def keeps_queue(self, mq) -> bool:
+        return ((self.topics is None or mq.topic in self.topics)
+                and (self.brokers is None or mq.broker_name in self.brokers)
+                and (self.queue_ids is None or mq.queue_id in self.queue_ids))
+
+    def clamp(self, start: int, end: int) -> tuple[int, int]:
+        """``[start, end)`` within the offset restriction (empty: start == end)."""
+        lo = max(start, self.offset_lo)
+        hi = end if self.offset_hi is None else min(end, self.offset_hi)
+        return lo, max(lo, hi)
+
+
+def _values(f, kind: type) -> frozenset | None:
+    """The values an EqualTo/In filter accepts, if all of type ``kind`` (nulls never match)."""
+    from pyspark.sql.datasource import EqualTo, In
+    vals = (f.value,) if isinstance(f, EqualTo) else tuple(f.value) if isinstance(f, In) else None
+    if vals is None:
+        return None
+    vals = tuple(v for v in vals if v is not None)
+    if not all(type(v) is kind for v in vals):
+        return None
+    return frozenset(vals)
+
+
+def _tag_ok(tag: str) -> bool:
+    """A tag a tag subscription can name exactly (no ||, no blanks at the ends, not * or empty)."""
+    return bool(tag) and tag != "*" and _EXACT_TAG not in tag and tag.strip() == tag and all(
+        c > " " for c in (tag[0], tag[-1]))
+
+
+def absorb(filters: Iterable, *, subscription_all: bool) -> tuple[Pushed, list]:
+    """(what the taken filters restrict, the filters left to Spark, by reference)."""
+    from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
+                                        LessThanOrEqual)
+    pushed, left = Pushed(), []
+    for f in filters:
+        attr = getattr(f, "attribute", None)
+        col = attr[0] if isinstance(attr, tuple) and len(attr) == 1 else None
+        taken = None
+        if col in ("topic", "brokerName", "queueId", "tags"):
+            vals = _values(f, int if col == "queueId" else str)
+            if vals is not None and col == "tags" and not (subscription_all and all(map(_tag_ok, vals))):
+                vals = None
+            if vals is not None:
+                field = {"topic": "topics", "brokerName": "brokers", "queueId": "queue_ids",
+                         "tags": "tags"}[col]
+                old = getattr(pushed, field)
+                taken = replace(pushed, **{field: vals if old is None else old & vals})
+        elif col == "queueOffset" and type(getattr(f, "value", None)) is int:
+            v = f.value
+            if isinstance(f, EqualTo):
+                taken = replace(pushed, offset_lo=max(pushed.offset_lo, v),
+                                offset_hi=v + 1 if pushed.offset_hi is None else min(pushed.offset_hi, v + 1))
+            elif isinstance(f, (GreaterThan, GreaterThanOrEqual)):
+                taken = replace(pushed, offset_lo=max(pushed.offset_lo, v + (isinstance(f, GreaterThan))))
+            elif isinstance(f, (LessThan, LessThanOrEqual)):
+                hi = v + (isinstance(f, LessThanOrEqual))
+                taken = replace(pushed, offset_hi=hi if pushed.offset_hi is None else min(pushed.offset_hi, hi))
+        if taken is None:
+            left.append(f)
+        else:
+            pushed = taken
+    return pushed, left
