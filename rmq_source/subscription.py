@@ -62,16 +62,25 @@ class Subscription:
 
     @property
     def tag_filter(self) -> bool:
-        """Units are filtered by tag hash code (and records by tag string)."""
-        return not self.sub_all and not self.is_sql
+        """Units are filtered by tag hash code (and records by tag string): the tags of a tag
+        expression, or those a SQL92 selector implies (``TAGS = 'x' AND ...``), a prefilter."""
+        return not self.sub_all and (not self.is_sql or bool(self.tags))
 
     @classmethod
     def parse(cls, expression: str | None, expression_type: str = TAG) -> "Subscription":
         """RmqOptionError for a SQL92 selector the broker would refuse (naming the position)."""
         if expression_type == SQL92:
             from rmq_source.sql92 import compile_selector
-            compile_selector(expression)
-            return cls(expression, False, expression_type=SQL92)
+            from rmq_source.sql92.nodes import implied_tags
+            implied = implied_tags(compile_selector(expression).root)
+            tags: tuple[str, ...] = ()
+            if implied is not None and all(t and t == _java_trim(t) and "||" not in t and t != SUB_ALL
+                                           for t in implied):
+                tags = tuple(sorted(implied))    # every one expressible as a tag subscription
+            if implied is not None and not implied:
+                tags = ("",)                     # TAGS = 'a' AND TAGS = 'b': no unit can match
+            return cls(expression, False, tags, tuple(sorted({java_string_hash(t) for t in tags})),
+                       expression_type=SQL92)
         if expression_type != TAG:
             from rmq_source.errors import RmqOptionError
             raise RmqOptionError(f"option expressionType: {expression_type!r} is not one of "

@@ -96,7 +96,7 @@ VALID = [
     ("subExpression-all", False, base(subExpression="*"), {"subscription.sub_all": True}),
     ("subExpression-sql92", True, base(expressionType="SQL92", subExpression="a > 5 AND TAGS = 'x'"),
      {"subscription.is_sql": True, "subscription.expression": "a > 5 AND TAGS = 'x'",
-      "subscription.tags": ()}),
+      "subscription.tags": ("x",), "subscription.tag_filter": True}),
     ("consumerGroup-streaming", True, base(consumerGroup="%RETRY%G_1|x"),
      {"consumer_group": "%RETRY%G_1|x", "starting_offsets": "group",
       "offset_store_path": "{A}" + os.sep + "rmq_source_offsets"}),

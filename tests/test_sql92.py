@@ -49,7 +49,7 @@ def test_errors_name_the_option_the_position_and_what_was_expected(text, pos, wh
     ("NOT a = 1", "((NOT a) = 1)"),
     ("a <> 'x''y'", "(NOT (a = 'x''y'))"),
     ("a NOT BETWEEN 1 AND 2", "((a < 1) OR (a > 2))"),
-    ("a IS NOT NULL", "(NOT (a = NULL))"),
+    ("a IS NOT NULL", "(NOT (a IS NULL))"),
     ("x not contains 'q' and Y in ('b','a')", "((x NOT CONTAINS 'q') AND (Y IN ('a', 'b')))"),
     ("- -5 = a", "((- (- 5)) = a)"),
     ("+a > 2147483648", "(a > 2147483648)"),

@@ -403,7 +403,9 @@ def heartbeat(client: RemotingClient, broker: str, client_id_: str, *, consumer_
         "groupName": g, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
         "consumeFromWhere": consume_from_where, "unitMode": False,
         "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": sub.expression,
-                                 "tagsSet": list(sub.tags), "codeSet": list(sub.codes),
+                                 # SQL92: the selector alone, as the Java client sends it
+                                 "tagsSet": [] if sub.is_sql else list(sub.tags),
+                                 "codeSet": [] if sub.is_sql else list(sub.codes),
                                  "subVersion": 0, "expressionType": sub.expression_type}
                                 for t in topics],
     } for g, topics in dict(consumer_groups).items()]

@@ -133,6 +133,8 @@ class Equal(Node):
         return _b(java_compare(lv, rv) == 0)
 
     def __str__(self):
+        if isinstance(self.right, Const) and self.right.value is None:
+            return f"({self.left} IS NULL)"
         return f"({self.left} = {self.right})"
 
 
@@ -240,3 +242,22 @@ class StringTest(Node):
     def __str__(self):
         search = "'" + self.search.replace("'", "''") + "'"
         return f"({self.operand} {'NOT ' if self.negated else ''}{self.kind} {search})"
+
+
+def implied_tags(node: Node) -> frozenset | None:
+    """Tags a message must have for ``node`` to be TRUE (``TAGS = 'x'``, ``TAGS IN (...)``, through
+    AND and OR), or None when the expression implies none: a prefilter for the tag hash scan."""
+    if isinstance(node, Equal):
+        for a, b in ((node.left, node.right), (node.right, node.left)):
+            if (isinstance(a, Prop) and a.name == "TAGS" and isinstance(b, Const)
+                    and b.value is not None and b.value[0] == STR):
+                return frozenset([b.value[1]])
+        return None
+    if isinstance(node, In) and node.operand.name == "TAGS" and not node.negated:
+        return node.values
+    if isinstance(node, (And, Or)):
+        left, right = implied_tags(node.left), implied_tags(node.right)
+        if isinstance(node, And):
+            return left & right if left is not None and right is not None else left if right is None else right
+        return left | right if left is not None and right is not None else None
+    return None
