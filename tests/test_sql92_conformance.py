@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BROKER_LINES, running_cluster
 from rmq_source.errors import RmqBrokerError, RmqOptionError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -161,3 +162,25 @@ def _ours(selector, stored) -> set[int] | str:
     except RmqOptionError as exc:
         return f"refused: {str(exc).splitlines()[0]}"
     return {o for o, props in stored.items() if ours.matches(props)}
+
+
+@pytest.fixture(scope="module", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
+def no_filter_cluster(request, rocketmq_jars, tmp_path_factory):
+    with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "nofilter",
+                         broker_kw={"extra": {"enablePropertyFilter": "false"}}) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-pulls", "python-pulls"])
+def test_a_broker_without_property_filtering_is_a_clear_error(no_filter_cluster, native):
+    topic = f"NoFilter_{uuid.uuid4().hex[:6]}"
+    addr = no_filter_cluster.brokers["broker-a"].addr
+    with RemotingClient(timeout=30) as client:
+        no_filter_cluster.create_topic(client, topic, 1)
+        rq.send_batch(client, addr, topic, [{"body": b"x", "properties": {"a": "1"}}])
+        rq.wait_max_offset(client, addr, topic, 0, 1)
+    spec = ClusterBackendSpec((no_filter_cluster.namesrv_addr,), 10.0 + uuid.uuid4().int % 1000 / 1e6,
+                              native_pulls=native)
+    with pytest.raises(RmqBrokerError, match="broker broker-a does not filter messages by SQL92 .*"
+                                             "enablePropertyFilter=true"):
+        _task_rows(spec, topic, 1, "a = '1'")

@@ -61,6 +61,21 @@ def _cancel(ahead: deque) -> None:
             call.cancel()
 
 
+def _explain_filter_refusal(pulls, mq: MessageQueue):
+    """``pulls``, with the answer of a broker that does not filter by SQL92 made an error that
+    says what to change."""
+    try:
+        yield from pulls
+    except RmqBrokerError as exc:
+        if "does not support consumer to filter message by" not in (exc.remark or ""):
+            raise
+        raise RmqBrokerError(
+            f"broker {mq.broker_name} does not filter messages by SQL92 (it answered code {exc.code}: "
+            f"{exc.remark}): set enablePropertyFilter=true in its broker configuration and restart "
+            "it, or select by tags (expressionType=TAG)", code=exc.code, remark=exc.remark,
+            peer=exc.peer, request=exc.request) from None
+
+
 _BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
 _LOCK = threading.Lock()
 
@@ -528,7 +543,7 @@ class ClusterBackend(Backend):
             return (native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
                     if batch.num_rows else None), after
 
-        pulls = self._pulls(mq, start, end, sub, batch_rows, limit_bytes)
+        pulls = _explain_filter_refusal(self._pulls(mq, start, end, sub, batch_rows, limit_bytes), mq)
         try:
             offset, res = next(pulls)
         except StopIteration:
