@@ -48,6 +48,13 @@ FILTERS = [
     "queueOffset >= 10 AND queueOffset < 20", "queueOffset = 5", "queueOffset > 1000",
     "queueOffset < -1", "queueOffset <= 3 AND queueOffset > 1", "queueOffset BETWEEN 3 AND 7",
     "tags = 'TagA' AND queueOffset BETWEEN 3 AND 7 AND queueId = 1",
+    # narrowed by the timestamp search, compared by Spark too (messages every 10 ms from
+    # 2023-11-14 22:13:20 UTC)
+    "storeTimestamp >= timestamp'2023-11-14 22:13:20.505'",
+    "storeTimestamp > timestamp'2023-11-14 22:13:20.500' AND storeTimestamp < timestamp'2023-11-14 22:13:21.2005'",
+    "storeTimestamp = timestamp'2023-11-14 22:13:20.600'", "storeTimestamp <= timestamp'2023-11-14 22:13:20.3'",
+    "storeTimestamp < timestamp'1960-01-01 00:00:00'", "storeTimestamp > timestamp'1960-01-01 00:00:00'",
+    "storeTimestamp BETWEEN timestamp'2023-11-14 22:13:20.1' AND timestamp'2023-11-14 22:13:20.2' AND tags = 'TagA'",
     # left to Spark, alone or beside taken ones
     "tags IS NULL", "tags <> 'TagA'", "tags = 'TagA' OR queueId = 1", "length(body) > 100",
     "properties['seq'] = '5'", "queueId = 1 AND tags LIKE 'Tag%'", "tags = ' TagA'",
@@ -82,3 +89,27 @@ def test_a_subscription_of_the_query_keeps_tag_filters_with_spark(spark, store, 
     pushdown(False)
     off, _ = _rows(spark, store, "tags IN ('TagA', 'BB')", subExpression="TagA || TagB")
     assert on == off and on
+
+
+def test_absorbed_bounds():
+    import datetime as dt
+
+    from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan,
+                                        LessThanOrEqual, StringStartsWith)
+
+    from rmq_source.spark.pushdown import absorb
+    utc = dt.timezone.utc
+    t = dt.datetime(2023, 11, 14, 22, 13, 20, 500_500, tzinfo=utc)     # 1_700_000_000_500.5 ms
+    filters = [GreaterThan(("storeTimestamp",), t), LessThanOrEqual(("storeTimestamp",), t),
+               GreaterThanOrEqual(("queueOffset",), 3), LessThan(("queueOffset",), 9),
+               EqualTo(("queueOffset",), 5), In(("queueId",), (1, 2, None)), EqualTo(("queueId",), 2),
+               EqualTo(("tags",), "A"), In(("tags",), ("A", "B")), StringStartsWith(("tags",), "A"),
+               EqualTo(("queueId",), "2"), GreaterThan(("storeTimestamp",), dt.datetime(2023, 1, 1))]
+    pushed, left = absorb(filters, subscription_all=True)
+    assert (pushed.ts_lo_ms, pushed.ts_hi_ms) == (1_700_000_000_501, 1_700_000_000_501)
+    assert (pushed.offset_lo, pushed.offset_hi) == (5, 6)
+    assert pushed.queue_ids == {2} and pushed.tags == {"A"}
+    assert [id(f) for f in left] == [id(f) for f in (filters[0], filters[1], filters[9], filters[10],
+                                                     filters[11])]
+    _, left = absorb([EqualTo(("tags",), "A")], subscription_all=False)
+    assert len(left) == 1

@@ -32,7 +32,12 @@ def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
     ranges = []
     for mq in mqs:
         start = check_data_loss(mq, starts[mq], infos[mq], opts.fail_on_data_loss)
-        ranges.append(QueueRange(mq, *pushed.clamp(start, max(start, min(ends[mq], infos[mq].max_offset)))))
+        end = max(start, min(ends[mq], infos[mq].max_offset))
+        if pushed.ts_lo_ms is not None and pushed.ts_lo_ms > 0 and start < end:
+            start = max(start, backend.offset_for_timestamp(mq, pushed.ts_lo_ms))
+        if pushed.ts_hi_ms is not None and start < end:
+            end = min(end, backend.offset_for_timestamp(mq, max(0, pushed.ts_hi_ms)))
+        ranges.append(QueueRange(mq, *pushed.clamp(start, max(start, end))))
     tasks = plan_tasks(ranges, strategy_of(opts), opts.consumer_group or "", opts.num_partitions,
                        opts.orderly, opts.min_partitions, opts.client_id)
     return build_partitions(tasks, opts, backend)

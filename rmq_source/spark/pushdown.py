@@ -5,15 +5,22 @@ faster than a scan:
 * ``topic``, ``brokerName``, ``queueId`` equal to / IN values: only those queues are planned;
 * ``queueOffset`` compared with an integer: the planned ranges are clamped;
 * ``tags`` equal to / IN strings: the tag hash scan of the ConsumeQueue with the exact tag check
-  (as a tag subscription), when the query has no subExpression of its own.
+  (as a tag subscription), when the query has no subExpression of its own;
+* ``storeTimestamp`` compared with a timestamp: each queue's range is narrowed with the
+  timestamp search (as ``startingTimestamp``/``endingTimestamp``: store times grow with the queue
+  offset), and Spark still applies the comparison itself (a partial push).
 
 A filter is taken only when its value has the column's type and can be applied exactly; every
-other filter (and any filter on other columns) stays with Spark. Filters are ANDed.
+other filter (and any filter on other columns, e.g. ``properties['k']``, which Spark does not
+push) stays with Spark. Filters are ANDed.
 """
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, replace
 from typing import Iterable
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 _EXACT_TAG = "||"
 
@@ -29,6 +36,9 @@ class Pushed:
     offset_lo: int = 0
     offset_hi: int | None = None
     tags: frozenset | None = None
+    #: store times (epoch ms) the rows must lie in: ``[ts_lo_ms, ts_hi_ms)``
+    ts_lo_ms: int | None = None
+    ts_hi_ms: int | None = None
 
     def keeps_queue(self, mq) -> bool:
         return ((self.topics is None or mq.topic in self.topics)
@@ -60,6 +70,39 @@ def _tag_ok(tag: str) -> bool:
         c > " " for c in (tag[0], tag[-1]))
 
 
+def _micros(value) -> int | None:
+    """Microseconds since the epoch of an aware datetime (Spark's TIMESTAMP); None otherwise."""
+    if not isinstance(value, datetime.datetime) or value.tzinfo is None:
+        return None
+    return (value - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def _time_bounds(pushed: Pushed, f) -> Pushed | None:
+    """``pushed`` narrowed by a storeTimestamp comparison (ms values m: m * 1000 vs the micros)."""
+    from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
+                                        LessThanOrEqual)
+    us = _micros(getattr(f, "value", None))
+    if us is None:
+        return None
+    lo = hi = None
+    if isinstance(f, (GreaterThanOrEqual, EqualTo)):
+        lo = -(-us // 1000)
+    if isinstance(f, GreaterThan):
+        lo = us // 1000 + 1
+    if isinstance(f, (LessThanOrEqual, EqualTo)):
+        hi = us // 1000 + 1
+    if isinstance(f, LessThan):
+        hi = -(-us // 1000)
+    if lo is None and hi is None:
+        return None
+    return replace(pushed, ts_lo_ms=_tighter(pushed.ts_lo_ms, lo, max),
+                   ts_hi_ms=_tighter(pushed.ts_hi_ms, hi, min))
+
+
+def _tighter(old, new, pick):
+    return new if old is None else old if new is None else pick(old, new)
+
+
 def absorb(filters: Iterable, *, subscription_all: bool) -> tuple[Pushed, list]:
     """(what the taken filters restrict, the filters left to Spark, by reference)."""
     from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan,
@@ -88,6 +131,10 @@ def absorb(filters: Iterable, *, subscription_all: bool) -> tuple[Pushed, list]:
             elif isinstance(f, (LessThan, LessThanOrEqual)):
                 hi = v + (isinstance(f, LessThanOrEqual))
                 taken = replace(pushed, offset_hi=hi if pushed.offset_hi is None else min(pushed.offset_hi, hi))
+        elif col == "storeTimestamp":
+            narrowed = _time_bounds(pushed, f)
+            if narrowed is not None:
+                pushed = narrowed             # and Spark still compares (partial push)
         if taken is None:
             left.append(f)
         else:
