@@ -1,9 +1,12 @@
 """ConsumeQueue dispatch: one 20-byte unit per message of a queue (physical offset, size, tags
 code), files created on demand; the size is written last, so a reader that sees a valid unit sees
-all of it."""
+all of it. At most ``max_open_queue_files`` files are mapped at once, whatever the number of
+queues: the mapping made longest ago is closed when another is needed (its queue maps it again
+on its next message)."""
 from __future__ import annotations
 
 import mmap
+import resource
 from pathlib import Path
 
 from rmq_source.store import record_codec as rc
@@ -27,6 +30,14 @@ class QueueState:
         self.file_first = 0   # queue offset of the first unit of the mapped file
         self.file_end = 0     # one past its last unit
 
+
+
+def default_open_queue_files() -> int:
+    """A quarter of the process's descriptor limit (a mapped file holds two), 16 to 1024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(16, min(1024, soft // 4))
 
 
 class ConsumeQueueDispatch:
@@ -70,11 +81,20 @@ class ConsumeQueueDispatch:
         q.mm[pos + 8:pos + 12] = size.to_bytes(4, "big")    # size > 0 makes the unit valid: last
         q.next_offset = off + 1
 
+    def _unmap(self, q: QueueState) -> None:
+        """Close the queue's mapped file (written pages stay in the page cache; flush() fsyncs
+        the file)."""
+        self._closed_unsynced.add(q.file.path)
+        q.file.close()
+        q.file = q.mm = None
+        q.file_first = q.file_end = 0      # the append fast path then maps again
+        self._mapped_queues.pop(q, None)
+
     def _map_queue_file(self, q: QueueState, offset: int) -> None:
         if q.file is not None:
-            q.file.close()
-            q.file = q.mm = None
-            q.file_first = q.file_end = 0
+            self._unmap(q)
+        while len(self._mapped_queues) >= self.max_open_queue_files:
+            self._unmap(next(iter(self._mapped_queues)))
         units = self.cq_units_per_file
         first = offset - offset % units
         q.folder.mkdir(parents=True, exist_ok=True)
@@ -83,6 +103,7 @@ class ConsumeQueueDispatch:
         q.file = MappedFile(path, first * rc.CQ_UNIT_SIZE, self.cq_file_size, create=True)
         q.mm = q.file.mm
         q.file_first, q.file_end = first, first + units
+        self._mapped_queues[q] = None
         if new and offset > first and not list_files(q.folder)[:-1]:
             # first file of a queue starting mid-file: the broker fills it with pre-blank units
             blank = rc.encode_cq_unit(0, 0x7FFFFFFF, 0)

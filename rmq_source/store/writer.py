@@ -26,12 +26,13 @@ import os
 import struct
 import time
 import zlib
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from rmq_source.errors import RmqOptionError, RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError
 from rmq_source.store import record_codec as rc
-from rmq_source.store.cq_dispatch import ConsumeQueueDispatch, QueueState
+from rmq_source.store.cq_dispatch import ConsumeQueueDispatch, QueueState, default_open_queue_files
 from rmq_source.store.mapped_files import MappedFile, file_name, list_files, publish
 from rmq_source.store.write_args import host, int_arg, validate_topic
 from rmq_source.store.writer_recovery import Recovery
@@ -100,7 +101,8 @@ class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
                  commitlog_file_size: int | None = None, cq_units_per_file: int | None = None,
                  store_host: str = "127.0.0.1:10911", born_host: str = "127.0.0.1:53210",
                  properties_style: str = "4.9.3", compression_level: int = 5,
-                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE):
+                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+                 max_open_queue_files: int | None = None):
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise RmqOptionError(f"root must be a directory path, got {root!r}")
         if not isinstance(broker_name, str) or not broker_name:
@@ -114,6 +116,10 @@ class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
             int_arg("cq_units_per_file", cq_units_per_file, 1, _INT32_MAX // rc.CQ_UNIT_SIZE)
         self._level = int_arg("compression_level", compression_level, 0, 22)
         self._max_message_size = int_arg("max_message_size", max_message_size, 1, _INT32_MAX)
+        #: ConsumeQueue files kept mapped at once (two descriptors each), whatever the number of
+        #: queues: the one mapped longest is closed first, and fsync-ed by the next flush()
+        self.max_open_queue_files = (default_open_queue_files() if max_open_queue_files is None else
+                                     int_arg("max_open_queue_files", max_open_queue_files, 1, 1 << 20))
         self.root = Path(root)
         self.broker_name = broker_name
         self.properties_style = properties_style
@@ -139,6 +145,8 @@ class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
         self._topics: dict[str, TopicState] = {}
         self._fast_topics: dict[str, TopicState] = {}
         self._queues: dict[tuple[str, int], QueueState] = {}
+        self._mapped_queues: OrderedDict[QueueState, None] = OrderedDict()   # oldest mapping first
+        self._closed_unsynced: set[Path] = set()    # queue files closed since the last flush()
         self._other_topics: dict[str, dict] = {}
         self._data_version: dict = {}
         self._topics_dirty = False
@@ -670,9 +678,18 @@ class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
         self._check_open()
         if self._cl is not None:
             self._cl.mm.flush()
-        for q in self._queues.values():
-            if q.file is not None:
-                q.file.mm.flush()
+        for q in self._mapped_queues:
+            q.file.mm.flush()
+        for path in sorted(self._closed_unsynced):     # their pages are still in the page cache
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:                  # deleted by retention meanwhile
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._closed_unsynced.clear()
         self._write_checkpoint()
         if self._topics_dirty:
             self._write_topics()
@@ -711,6 +728,7 @@ class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
             if q.file is not None:
                 q.file.close()
                 q.file = None
+        self._mapped_queues.clear()
         for f in (self._cl, self._next_cl):
             if f is not None:
                 f.close()
