@@ -8,6 +8,8 @@ import pickle
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmq_source.group.allocation import (
     AllocateMachineRoomNearby,
@@ -501,3 +503,22 @@ def test_slot_allocation_is_memoized_only_for_built_in_strategies():
     got = allocate_slots(mqs, built_in, "G", slots)
     got["s0"].clear()  # a caller changing its copy does not change the remembered answer
     assert allocate_slots(mqs, built_in, "G", slots) == {"s0": mqs[:3], "s1": mqs[3:]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_mq=st.integers(0, 40), cids=st.lists(st.sampled_from(["c1", "c2", "c3", "c10", "a", ""]),
+                                              max_size=8),
+       name=st.sampled_from(["AVG", "AVG_BY_CIRCLE"]))
+def test_allocate_all_answers_as_allocate_for_each_consumer(n_mq, cids, name):
+    """The one-pass allocation of every consumer equals RocketMQ's per-consumer one, errors
+    included (an empty consumer id, empty lists), duplicate ids too."""
+    strategy = create_strategy(name)
+    mqs = [MessageQueue("T", "b", i) for i in range(n_mq)]
+
+    def outcome(fn):
+        try:
+            return fn()
+        except RmqAllocationError as exc:
+            return ("error", str(exc))
+    loop = outcome(lambda: {c: strategy.allocate("g", c, mqs, cids) for c in cids})
+    assert outcome(lambda: strategy.allocate_all("g", mqs, cids)) == loop

@@ -196,8 +196,27 @@ class AllocationStrategy(abc.ABC):
                  cid_all: Sequence[str]) -> list[MessageQueue]:
         """The queues of ``mq_all`` that ``current_cid`` owns; see the module docstring."""
 
+    def allocate_all(self, consumer_group: str, mq_all: Sequence[MessageQueue],
+                     cid_all: Sequence[str]) -> dict[str, list[MessageQueue]]:
+        """``allocate`` for every consumer of ``cid_all`` (the same answers and errors); the
+        averaging strategies do it in one pass instead of one pass per consumer."""
+        return {cid: self.allocate(consumer_group, cid, mq_all, cid_all) for cid in cid_all}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _check_all(mq_all: Any, cid_all: Any) -> tuple[list[MessageQueue], list[str], dict[str, int]]:
+    """_check_args as the per-consumer calls meet it (the first call checks the lists, each call
+    its own consumer id); the lists and each consumer's first index (Java's ``indexOf``)."""
+    first_cid = cid_all[0] if isinstance(cid_all, (list, tuple)) and cid_all else None
+    mqs, cids = _check_args(first_cid, mq_all, cid_all)
+    first: dict[str, int] = {}
+    for i, cid in enumerate(cids):
+        if not cid:
+            raise RmqAllocationError("currentCID is empty")
+        first.setdefault(cid, i)
+    return mqs, cids, first
 
 
 def _check_sequence(value: Any, what: str) -> list:
@@ -257,6 +276,20 @@ class AllocateMessageQueueAveragely(AllocationStrategy):
         count = min(size, n_mq - start)
         return [mqs[(start + i) % n_mq] for i in range(count)]
 
+    def allocate_all(self, consumer_group, mq_all, cid_all):
+        if isinstance(cid_all, (list, tuple)) and not cid_all:
+            return {}
+        mqs, cids, first = _check_all(mq_all, cid_all)
+        n_mq, n_cid = len(mqs), len(cids)
+        mod = n_mq % n_cid
+        out = {}
+        for cid, index in first.items():
+            bigger = mod > 0 and index < mod
+            size = 1 if n_mq <= n_cid else n_mq // n_cid + (1 if bigger else 0)
+            start = index * size if bigger else index * size + mod
+            out[cid] = [mqs[(start + i) % n_mq] for i in range(min(size, n_mq - start))]
+        return out
+
 
 class AllocateMessageQueueAveragelyByCircle(AllocationStrategy):
     """``AllocateMessageQueueAveragelyByCircle`` ("AVG_BY_CIRCLE"): queue i goes to consumer
@@ -270,6 +303,12 @@ class AllocateMessageQueueAveragelyByCircle(AllocationStrategy):
             return []
         index = cids.index(current_cid)
         return mqs[index::len(cids)]
+
+    def allocate_all(self, consumer_group, mq_all, cid_all):
+        if isinstance(cid_all, (list, tuple)) and not cid_all:
+            return {}
+        mqs, cids, first = _check_all(mq_all, cid_all)
+        return {cid: mqs[index::len(cids)] for cid, index in first.items()}
 
 
 class AllocateMessageQueueByConfig(AllocationStrategy):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping
 
-from rmq_source.group.allocation import AllocateMessageQueueAveragely, MessageQueue, java_string_key
+from rmq_source.group.allocation import (AllocateMessageQueueAveragely, AllocationStrategy, MessageQueue,
+                                        java_string_key)
 from rmq_source.errors import RmqAllocationError
 
 
@@ -99,9 +100,11 @@ def _allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[s
     cid_all = sorted(slots, key=java_string_key)
     owner: dict[MessageQueue, str] = {}
     out: dict[str, list[MessageQueue]] = {}
+    every = (strategy.allocate_all(group, mq_all, cid_all) if isinstance(strategy, AllocationStrategy)
+             else {slot: strategy.allocate(group, slot, mq_all, cid_all) for slot in cid_all})
     for slot in cid_all:
         # CONFIG may name queues this query does not read: they are not this query's to read.
-        got = [mq for mq in strategy.allocate(group, slot, mq_all, cid_all) if mq in known]
+        got = [mq for mq in every[slot] if mq in known]
         for mq in got:
             if mq in owner:
                 raise RmqAllocationError(
