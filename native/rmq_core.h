@@ -293,7 +293,7 @@ typedef struct rmq_sql_node {
 
 /* A selector as rmq_source/sql92/program.py lays it out: nodes children first, root last;
  * strings[str_off[k], str_off[k + 1]) is string k (UTF-8); property k is named string
- * prop_str[k] (at most 64 properties; nesting at most 256 deep). */
+ * prop_str[k] (at most 1024 properties; nesting at most 256 deep). */
 typedef struct rmq_sql_prog {
     const rmq_sql_node *nodes;
     int32_t nnodes, root;

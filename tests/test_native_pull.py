@@ -401,3 +401,32 @@ def test_header_parser_never_crashes_on_garbage_or_cut_frames(data, cut):
             parse_header(frame)
         except RmqRemotingProtocolError:
             pass
+
+
+def test_a_seek_after_data_drops_the_answer_held_behind_it(broker):
+    calls = []
+
+    def serve(conn, req):
+        offset = int(req.ext_fields["queueOffset"])
+        calls.append(offset)
+        code = 1 if offset == 5 and calls.count(5) == 1 else 0
+        conn.sendall(pull_answer(req, n_messages=10, cap=5, code=code, remark="held"))
+    p = puller_for(broker(serve), 0, 10, in_flight=2, per_pull=5)
+    d = p.next(1 << 20, 1 << 30)
+    assert isinstance(d, Data) and (d.first, d.next) == (0, 5)
+    p.seek(3)                                  # the caller goes on elsewhere: the held answer is stale
+    rest = drain(p)
+    assert all(isinstance(x, Data) for x in rest) and b"".join(x.body for x in rest) == joined(3, 10)
+
+
+def test_answers_with_empty_bodies_count_as_progress(broker):
+    def serve(conn, req):
+        offset, nums = int(req.ext_fields["queueOffset"]), int(req.ext_fields["maxMsgNums"])
+        end = min(offset + nums, 20)
+        body = b"" if offset < 10 else joined(offset, end)       # e.g. every message filtered out
+        conn.sendall(frames.encode(RemotingCommand(0, {"nextBeginOffset": str(end), "minOffset": "0",
+                                                       "maxOffset": "20", "suggestWhichBrokerId": "0"},
+                                                   body, opaque=req.opaque, flag=1)))
+    pieces = drain(puller_for(broker(serve), 0, 20, in_flight=1, per_pull=5))
+    assert pieces[0].first == 0 and all(d.rows == d.next - d.first for d in pieces)
+    assert pieces[-1].next == 20 and b"".join(d.body for d in pieces) == joined(10, 20)

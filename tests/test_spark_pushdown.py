@@ -16,7 +16,9 @@ CONF = "spark.sql.python.filterPushdown.enabled"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("pushdown")
-    build_store(root, broker="broker-a")
+    # a system topic too: its tag codes are not trusted, the rows' tags are checked instead
+    build_store(root, broker="broker-a",
+                topics=(("TopicTest", 4, 240), ("OrderTopic", 3, 90), ("rmq_sys_test", 1, 40)))
     return str(root)
 
 
@@ -80,7 +82,31 @@ def test_taken_filters_narrow_the_plan(spark, store, pushdown):
     assert df.count() == 0
     pushdown(False)
     _, df = _rows(spark, store, "topic = 'TopicTest' AND queueId = 2")
-    assert df.rdd.getNumPartitions() == 7      # one task per queue of the two topics
+    assert df.rdd.getNumPartitions() == 8      # one task per queue of the three topics
+
+
+OFFSETS = '{"TopicTest":{"broker-a":{"0":3,"1":0,"2":5,"3":1}}}'
+ENDS = '{"TopicTest":{"broker-a":{"0":50,"1":40,"2":-1,"3":60}}}'
+
+
+@pytest.mark.parametrize("where", ["queueId = 0", "queueId IN (1, 3) AND tags = 'TagA'",
+                                   "topic = 'TopicTest' AND queueOffset < 10", "tags = 'BB'"])
+def test_offsets_json_names_every_queue_whatever_is_pushed(spark, store, pushdown, where):
+    rows = {}
+    for on in (False, True):
+        pushdown(on)
+        rows[on], _ = _rows(spark, store, where, topicPattern="TopicTest", startingOffsets=OFFSETS,
+                            endingOffsets=ENDS)
+    assert rows[True] == rows[False] and rows[True]
+
+
+def test_system_topic_tags_are_checked_on_the_rows(spark, store, pushdown):
+    for where in ("tags = 'TagA'", "tags IN ('TagA', 'BB') AND topic = 'rmq_sys_test'"):
+        pushdown(False)
+        off, _ = _rows(spark, store, where)
+        pushdown(True)
+        on, _ = _rows(spark, store, where)
+        assert on == off and any(r[0] == "rmq_sys_test" for r in on)
 
 
 def test_a_subscription_of_the_query_keeps_tag_filters_with_spark(spark, store, pushdown):

@@ -46,6 +46,7 @@ def test_errors_name_the_option_the_position_and_what_was_expected(text, pos, wh
 
 @pytest.mark.parametrize("text,tree", [
     ("a = 1 OR b = 2 AND c = 3", "((a = 1) OR ((b = 2) AND (c = 3)))"),
+    ("a = 1 OR b = 2 OR (c = 3 OR d = 4) AND e = 5", "((a = 1) OR (b = 2) OR (((c = 3) OR (d = 4)) AND (e = 5)))"),
     ("NOT a = 1", "((NOT a) = 1)"),
     ("a <> 'x''y'", "(NOT (a = 'x''y'))"),
     ("a NOT BETWEEN 1 AND 2", "((a < 1) OR (a > 2))"),
@@ -106,7 +107,7 @@ def test_java_integers_refused(s):
 @pytest.mark.parametrize("s,value", [
     (" 3 ", 3.0), ("+.5", 0.5), ("5.", 5.0), ("1e3", 1000.0), ("10d", 10.0), ("2.5F", 2.5),
     ("0x1p3", 8.0), ("-0x1.8p1", -3.0), ("Infinity", math.inf), ("-Infinity", -math.inf),
-    ("\t7\n", 7.0),
+    ("\t7\n", 7.0), ("0x1p1024", math.inf), ("-0x1.fffffffffffff8p1023", -math.inf),
 ])
 def test_java_doubles(s, value):
     assert parse_java_double(s) == value
@@ -170,3 +171,32 @@ def test_c_and_reference_on_the_brokers_corner_cases(text, props, expected):
     column = pa.array([list(props.items())], type=pa.map_(pa.string(), pa.string()))
     assert sel.matches(props) is expected
     assert bool(Program(sel.root, text).matches_mask(column)[0]) is expected
+
+
+def test_long_chains_and_deep_nesting():
+    """3,000 ORs evaluate (reference and C, the C tree balanced); nesting beyond what the parser
+    takes is an option error, not a crash."""
+    import pyarrow as pa
+
+    from rmq_source.sql92.program import Program
+    text = " OR ".join(f"a = {i}" for i in range(3000))
+    sel = compile_selector(text)
+    column = pa.array([[("a", "2999")], [("a", "x")], [("a", "17")], []],
+                      type=pa.map_(pa.string(), pa.string()))
+    assert Program(sel.root, text).matches_mask(column).tolist() == [1, 0, 1, 0]
+    assert [sel.matches(dict(r)) for r in column.to_pylist()] == [True, False, True, False]
+    with pytest.raises(RmqOptionError, match="nests too deeply"):
+        compile_selector("(" * 3000 + "a = 1" + ")" * 3000)
+    with pytest.raises(RmqOptionError, match="nests deeper than 256"):
+        Program(parse("NOT " * 300 + "a"), "deep")
+
+
+def test_implied_tags():
+    from rmq_source.sql92.nodes import implied_tags
+    cases = {"TAGS = 'a' AND x = 1": {"a"}, "TAGS IN ('a', 'b') AND TAGS = 'b'": {"b"},
+             "TAGS = 'a' OR TAGS IN ('b')": {"a", "b"}, "TAGS = 'a' OR x = 1": None,
+             "'a' = TAGS AND (TAGS = 'a' OR TAGS = 'c')": {"a"}, "TAGS NOT IN ('a')": None,
+             "NOT TAGS = 'a'": None, "TAGS <> 'a'": None}
+    for text, tags in cases.items():
+        got = implied_tags(parse(text))
+        assert (set(got) if got is not None else None) == tags, text

@@ -141,7 +141,7 @@ static int js_string(js *j, const uint8_t **s, int64_t *n) {
     if (j->p >= j->e || *j->p != '"') { j->why = "expected a string"; return -1; }
     const uint8_t *start = ++j->p;
     while (j->p < j->e && *j->p != '"') {
-        if (*j->p == '\\') j->p++;
+        if (*j->p == '\\' && ++j->p >= j->e) break;   /* a backslash ending the header */
         j->p++;
     }
     if (j->p >= j->e) { j->why = "unterminated string"; return -1; }
@@ -406,7 +406,7 @@ int rmq_puller_range(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const
     p->in_flight = in_flight;
     p->timeout_ms = timeout_ms;
     p->expect_suggest = expect_suggest;
-    p->held_status = -1;   /* what was held belongs to the range left */
+    if (p->held_status == RMQ_PULL_ANSWER) p->held_status = -1;   /* belongs to the range left */
     p->need_seek = 0;
     np_drop_slots(p);      /* answers to earlier requests are dropped when they come */
     return RMQ_OK;
@@ -419,6 +419,7 @@ int rmq_puller_seek(rmq_puller *p, int64_t offset, rmq_error *err) {
     if (p->dead) return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "the puller failed before");
     p->pos = offset;
     p->need_seek = 0;
+    if (p->held_status == RMQ_PULL_ANSWER) p->held_status = -1;   /* it was for the old position */
     np_drop_slots(p);
     return RMQ_OK;
 }
@@ -590,12 +591,12 @@ static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pu
         np_pop_head(p);
         np_drop_slots(p);
         p->need_seek = 1;
-        return o->len > 0;
+        return o->answers > 0;
     }
     int64_t blen = len - 4 - h.header_len;
     if (np_reserve(&p->out, &p->out_cap, o->len + blen + 1))
         return -np_err(p, err, RMQ_E_NOMEM, 0, "%s", "out of memory");
-    if (o->len == 0) o->first = asked;
+    if (o->answers == 0) o->first = asked;
     memcpy(p->out + o->len, frame + 4 + h.header_len, (size_t)blen);
     o->len += blen;
     o->answers++;
@@ -618,7 +619,7 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
     memset(o, 0, sizeof *o);
     o->first = o->next = o->asked = -1;
     for (;;) {
-        if (p->held_status >= 0 && o->len == 0) {
+        if (p->held_status >= 0 && o->answers == 0) {
             o->status = p->held_status;
             o->asked = p->held_asked;
             o->data = p->held;
@@ -626,12 +627,12 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
             p->held_status = -1;
             return RMQ_OK;
         }
-        if (p->need_seek && o->len == 0)
+        if (p->need_seek && o->answers == 0)
             return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "seek after an answer, before pulling on");
         if (p->pos >= p->end) np_drop_slots(p);   /* nothing asked reaches past the end */
         if (p->held_status >= 0 || p->need_seek || p->pos >= p->end) {
             o->data = p->out;
-            o->status = o->len > 0 ? RMQ_PULL_DATA : RMQ_PULL_END;
+            o->status = o->answers > 0 ? RMQ_PULL_DATA : RMQ_PULL_END;
             return RMQ_OK;
         }
         while (p->count < p->in_flight && p->ask < p->end) {

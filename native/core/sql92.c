@@ -22,7 +22,7 @@
 #include <math.h>
 
 enum { JV_NULL = 0, JV_INT = 1, JV_LONG = 2, JV_DOUBLE = 3, JV_STR = 4, JV_BOOL = 5 };
-#define SQL_MAX_PROPS 64
+#define SQL_MAX_PROPS 1024
 #define SQL_MAX_DEPTH 256
 
 typedef struct jv {
@@ -263,7 +263,7 @@ static int sql_ev(const sql_ctx *c, int32_t at, jv *o) {
         return 0;
     case RMQ_SQL_NEG:
         if (sql_ev(c, nd->a, &l)) return 1;
-        if (l.k == JV_INT || l.k == JV_LONG) { o->k = l.k; o->i = -l.i; }
+        if (l.k == JV_INT || l.k == JV_LONG) { o->k = l.k; o->i = (int64_t)(0 - (uint64_t)l.i); }
         else if (l.k == JV_DOUBLE) { o->k = l.k; o->d = -l.d; }
         return 0;
     case RMQ_SQL_CAST:
@@ -368,7 +368,9 @@ static int sql_check_prog(const rmq_sql_prog *p) {
         bad = (kids >= 1 && (nd->a < 0 || nd->a >= k)) || (kids == 2 && (nd->b < 0 || nd->b >= k)) ||
               (nd->op == RMQ_SQL_PROP && (nd->str < 0 || nd->str >= p->nprops)) ||
               (nd->op == RMQ_SQL_CONST && (nd->kind < JV_NULL || nd->kind > JV_BOOL ||
-                                           (nd->kind == JV_STR && (nd->str < 0 || nd->str >= p->nstrings)))) ||
+                                           (nd->kind == JV_STR && (nd->str < 0 || nd->str >= p->nstrings)) ||
+                                           (nd->kind == JV_BOOL && (nd->ival < 0 || nd->ival > 1)) ||
+                                           (nd->kind == JV_INT && (nd->ival < INT32_MIN || nd->ival > INT32_MAX)))) ||
               (nd->op == RMQ_SQL_STRTEST && (nd->str < 0 || nd->str >= p->nstrings)) ||
               (nd->op == RMQ_SQL_IN && (nd->str < 0 || nd->nstr < 0 || nd->str > p->nstrings - nd->nstr)) ||
               nd->op < RMQ_SQL_CONST || nd->op > RMQ_SQL_STRTEST;

@@ -393,93 +393,120 @@ class ClusterBackend(Backend):
                 return self._native_pulls(mq, start, end, sub, template, max_rows, max_bytes)
         return self._python_pulls(mq, start, end, sub)
 
-    def _puller(self, addr: str) -> native_pull.NativePuller:
-        pullers = self._local.__dict__.setdefault("pullers", {})
-        puller = pullers.get(addr)
-        if puller is None or puller.closed:
-            puller = pullers[addr] = native_pull.NativePuller(addr, connect_timeout=self.client.connect_timeout)
-        return puller
+    def _take_puller(self, addr: str) -> tuple[native_pull.NativePuller, bool]:
+        """An idle puller of this thread for ``addr`` (reused: True) or a new one. A puller
+        serves one range reader at a time: :meth:`_give_back` returns it."""
+        idle = self._local.__dict__.setdefault("idle", {}).setdefault(addr, [])
+        while idle:
+            puller = idle.pop()
+            if not puller.closed:
+                return puller, True
+        return native_pull.NativePuller(addr, connect_timeout=self.client.connect_timeout), False
+
+    def _give_back(self, pullers: dict) -> None:
+        idle = self._local.__dict__.setdefault("idle", {})
+        for addr, puller in pullers.items():
+            if not puller.closed:
+                idle.setdefault(addr, []).append(puller)
+        pullers.clear()
 
     def _native_pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription, template,
                       max_rows: int, max_bytes: int):
         """:meth:`_pulls` by the C core, from the broker :meth:`_pull` would ask (the suggested
         slave while it delivers messages, else the master). An answer that is not plain messages
         comes here and is judged as :meth:`_answer` does; a failure of the connection (or busy)
-        goes on with :meth:`_python_pulls` from where the range is, which retries."""
+        goes on with :meth:`_python_pulls` from where the range is, which retries. A reused
+        connection that fails at once (the broker closed it while idle) is made again once."""
         in_flight = min(self.spec.pulls_in_flight, native_pull.MAX_IN_FLIGHT) if sub.sub_all else 1
+        broken = (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqRemotingProtocolError)
+        mine: dict[str, native_pull.NativePuller] = {}
         offset = start
-        while offset < end:
-            expect = self._pull_from.get(mq, 0)
-            slave = self._slave_addr(mq)
-            try:
-                addr = slave or self.broker_addr(mq.broker_name)
-                puller = self._puller(addr)
-                puller.range(template, offset, end, per_pull=PULL_BATCH, in_flight=max(1, in_flight),
-                             timeout_s=self.spec.timeout_s, expect_suggest=expect if slave else 0,
-                             what=str(mq))
-                item = puller.next(max_rows, max_bytes)
-            except (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqRemotingProtocolError,
-                    RmqBrokerUnavailableError) as exc:
-                if slave is not None:
-                    self._pull_from.pop(mq, None)
-                    continue
-                log.info("pulls of %s by the C core failed (%s); going on in Python", mq, exc)
-                yield from self._python_pulls(mq, offset, end, sub)
-                return
-            while item is not None:
-                if isinstance(item, native_pull.ServerRequest):
-                    puller.refuse(item.command)
-                elif isinstance(item, native_pull.Data):
-                    res = rq.PullResult(rq.SUCCESS, item.next, 0, 0, item.suggest, item.body)
-                    offset = yield item.first, res
-                    if item.suggest != (expect if slave else 0):
-                        self._follow(mq, res)
-                        break                      # a range of its own from the suggested broker
-                    if offset >= end:
-                        return
-                    if offset != item.next:
-                        puller.seek(offset)
-                else:
-                    res = self._native_answer(mq, item, slave is not None, puller.addr)
-                    if res is None:
-                        offset = item.asked
+        try:
+            while offset < end:
+                expect = self._pull_from.get(mq, 0)     # the broker id the answers should suggest
+                slave = self._slave_addr(mq)
+                item = None
+                for attempt in (0, 1):
+                    try:
+                        addr = slave or self.broker_addr(mq.broker_name)
+                        reused = addr in mine
+                        if not reused:
+                            mine[addr], reused = self._take_puller(addr)
+                        puller = mine[addr]
+                        puller.range(template, offset, end, per_pull=PULL_BATCH,
+                                     in_flight=max(1, in_flight), timeout_s=self.spec.timeout_s,
+                                     expect_suggest=expect, what=str(mq))
+                        item = puller.next(max_rows, max_bytes)
+                        break
+                    except broken as exc:
+                        mine.pop(addr, None)
+                        if attempt == 0 and reused and not isinstance(exc, RmqRemotingTimeoutError):
+                            continue
                         if slave is not None:
-                            break                  # asked again of the master
-                        yield from self._python_pulls(mq, offset, end, sub)   # busy: retried there
+                            self._pull_from.pop(mq, None)
+                            item = False
+                            break
+                        log.info("pulls of %s by the C core failed (%s); going on in Python", mq, exc)
+                        yield from self._python_pulls(mq, offset, end, sub)
                         return
-                    offset = yield item.asked, res
-                    if offset >= end or self._pull_from.get(mq, 0) != (expect if slave else 0):
-                        break
-                    puller.seek(offset)
-                try:
-                    item = puller.next(max_rows, max_bytes)
-                except (RmqRemotingConnectionError, RmqRemotingTimeoutError,
-                        RmqRemotingProtocolError) as exc:
-                    if slave is not None:
-                        self._pull_from.pop(mq, None)
-                        break
-                    log.info("pulls of %s by the C core failed (%s); going on in Python", mq, exc)
-                    yield from self._python_pulls(mq, offset, end, sub)
-                    return
-            else:
-                return                             # the range's end
+                    except RmqBrokerUnavailableError:
+                        yield from self._python_pulls(mq, offset, end, sub)   # waits for a master
+                        return
+                if item is False:
+                    continue                             # asked again of the master
+                while item is not None:
+                    if isinstance(item, native_pull.ServerRequest):
+                        puller.refuse(item.command)
+                    elif isinstance(item, native_pull.Data):
+                        res = rq.PullResult(rq.SUCCESS, item.next, 0, 0, item.suggest, item.body)
+                        offset = yield item.first, res
+                        if item.suggest != expect:
+                            self._follow(mq, res)
+                            break                        # a range of its own from the suggested broker
+                        if offset >= end:
+                            return
+                    else:
+                        res = self._native_answer(mq, item, slave is not None, puller.addr)
+                        if res is None:
+                            offset = item.asked
+                            if slave is not None:
+                                break                    # asked again of the master
+                            yield from self._python_pulls(mq, offset, end, sub)   # busy: retried there
+                            return
+                        offset = yield item.asked, res
+                        if offset >= end or self._pull_from.get(mq, 0) != expect:
+                            break
+                    try:
+                        if isinstance(item, native_pull.Answer) or (
+                                isinstance(item, native_pull.Data) and offset != item.next):
+                            puller.seek(offset)
+                        item = puller.next(max_rows, max_bytes)
+                    except broken as exc:
+                        mine.pop(puller.addr, None)
+                        if slave is not None:
+                            self._pull_from.pop(mq, None)
+                            break
+                        log.info("pulls of %s by the C core failed (%s); going on in Python", mq, exc)
+                        yield from self._python_pulls(mq, offset, end, sub)
+                        return
+                else:
+                    return                               # the range's end
+        finally:
+            self._give_back(mine)
 
     def _native_answer(self, mq: MessageQueue, item, from_slave: bool, addr: str) -> rq.PullResult | None:
         """:meth:`_answer` for an answer the C core handed over (never plain messages)."""
         resp = item.command
+        if from_slave and resp.code != rq.SUCCESS:
+            self._pull_from.pop(mq, None)          # only the master says what is not there
+            return None
         if is_auth_failure(resp):
             raise auth_error(resp, f"PULL_MESSAGE({mq}, queue offset {item.asked})", addr, None)
         if resp.code not in rq.PULL_ANSWERS:
-            if resp.code == rq.SYSTEM_BUSY or from_slave:
-                if from_slave:
-                    self._pull_from.pop(mq, None)
+            if resp.code == rq.SYSTEM_BUSY:
                 return None
             check(resp, f"PULL_MESSAGE({mq}, queue offset {item.asked})", addr, rq.PULL_ANSWERS)
-        res = rq.pull_answer(resp, item.asked)
-        if from_slave and res.code != rq.SUCCESS:
-            self._pull_from.pop(mq, None)          # only the master says what is not there
-            return None
-        return self._follow(mq, res)
+        return self._follow(mq, rq.pull_answer(resp, item.asked))
 
     def _python_pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription):
         """(offset asked, PullResult) in offset order. With ``*`` the next pulls of the range are

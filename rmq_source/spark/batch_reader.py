@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rmq_source.spark.partition_reader import RmqInputPartition, build_partitions
-from rmq_source.spark.pushdown import Pushed
+from rmq_source.spark.pushdown import Pushed, tag_codes_reliable
 from rmq_source.spark.planner import QueueRange, plan_tasks
 from rmq_source.spark.positions import check_data_loss, ending_offsets, starting_offsets
 from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
@@ -18,26 +18,38 @@ def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
     below the start reads nothing from that queue. ``pushed`` leaves out queues, clamps ranges and
     reads only the pushed tags.
     """
+    from rmq_source.store.backend import StoreBackend
     from rmq_source.subscription import Subscription
     pushed = pushed or Pushed()
-    if pushed.tags is not None:
-        if not pushed.tags:
-            return []                       # tags = 'A' AND tags = 'B'
-        opts = replace(opts, subscription=Subscription.parse(" || ".join(sorted(pushed.tags))))
+    if pushed.tags is not None and not pushed.tags:
+        return []                           # tags = 'A' AND tags = 'B'
     backend = open_backend(opts)
-    mqs = [mq for mq in discover_queues(backend, opts) if pushed.keeps_queue(mq)]
+    # positions of every queue first: offsets JSON must name them all, and a queue left out by a
+    # filter is checked for data loss as without pushdown
+    mqs = discover_queues(backend, opts)
     starts = starting_offsets(backend, mqs, opts, open_group_store(opts, backend))
     ends = ending_offsets(backend, mqs, opts)
     infos = backend.infos(mqs)
+    # the timestamp search answers the first message at or after a time only in the store mode
+    # (a 4.9 broker answers the nearest one)
+    by_time = isinstance(backend, StoreBackend)
     ranges = []
     for mq in mqs:
         start = check_data_loss(mq, starts[mq], infos[mq], opts.fail_on_data_loss)
+        if not pushed.keeps_queue(mq):
+            continue
         end = max(start, min(ends[mq], infos[mq].max_offset))
-        if pushed.ts_lo_ms is not None and pushed.ts_lo_ms > 0 and start < end:
+        if by_time and pushed.ts_lo_ms is not None and pushed.ts_lo_ms > 0 and start < end:
             start = max(start, backend.offset_for_timestamp(mq, pushed.ts_lo_ms))
-        if pushed.ts_hi_ms is not None and start < end:
+        if by_time and pushed.ts_hi_ms is not None and start < end:
             end = min(end, backend.offset_for_timestamp(mq, max(0, pushed.ts_hi_ms)))
         ranges.append(QueueRange(mq, *pushed.clamp(start, max(start, end))))
+    exact_tags = None
+    if pushed.tags is not None:
+        if all(tag_codes_reliable(r.mq.topic) for r in ranges):
+            opts = replace(opts, subscription=Subscription.parse(" || ".join(sorted(pushed.tags))))
+        else:                               # e.g. delay messages: the rows' TAGS are checked
+            exact_tags = tuple(sorted(pushed.tags))
     tasks = plan_tasks(ranges, strategy_of(opts), opts.consumer_group or "", opts.num_partitions,
                        opts.orderly, opts.min_partitions, opts.client_id)
-    return build_partitions(tasks, opts, backend)
+    return build_partitions(tasks, opts, backend, exact_tags=exact_tags)

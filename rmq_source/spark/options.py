@@ -320,6 +320,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             raise RmqOptionError("option subExpression: required with expressionType=SQL92 (a "
                                  "selector such as region = 'eu' AND amount > 100)")
         subscription = Subscription.parse(opts["subExpression"], SQL92)
+        from rmq_source.sql92.program import selector_program
+        selector_program(subscription.expression)     # what the tasks run: its limits, now
     else:
         expression = opts.get("subExpression", "*")
         subscription = Subscription.parse(expression)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from rmq_source.backend import BackendSpec, TaskLock
@@ -51,6 +52,8 @@ class RmqInputPartition(InputPartition):
     fail_on_data_loss: bool
     lock: TaskLock | None = None
     expression_type: str = "TAG"
+    #: rows kept only when their tags are one of these (pushed tags read without the hash scan)
+    exact_tags: tuple[str, ...] | None = None
 
 
 def check_task_locks(part: RmqInputPartition):
@@ -94,16 +97,21 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
             on_data_loss=lambda first, readable, lost=lost: lost(
                 first, readable, "deleted by retention after the batch was planned"),
             on_short_read=lost)
-        if program is None:
+        if program is None and part.exact_tags is None:
             yield from batches
             continue
         for batch in batches:
-            batch = filter_batch(program, batch)
+            if program is not None:
+                batch = filter_batch(program, batch)
+            if part.exact_tags is not None:
+                keep = pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(part.exact_tags)), False)
+                batch = batch.filter(keep)
             if batch.num_rows:
                 yield batch
 
 
-def build_partitions(tasks, opts, backend, lock: TaskLock | None = None) -> list[RmqInputPartition]:
+def build_partitions(tasks, opts, backend, lock: TaskLock | None = None,
+                     exact_tags: tuple[str, ...] | None = None) -> list[RmqInputPartition]:
     """Planner tasks -> picklable input partitions carrying everything a task needs."""
     return [
         RmqInputPartition(
@@ -113,6 +121,7 @@ def build_partitions(tasks, opts, backend, lock: TaskLock | None = None) -> list
                          for r in task.ranges),
             sub_expression=opts.subscription.expression,
             expression_type=opts.subscription.expression_type,
+            exact_tags=exact_tags,
             batch_rows=opts.batch_rows,
             batch_bytes=opts.batch_bytes,
             verify_crc=opts.verify_crc,

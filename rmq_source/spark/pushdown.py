@@ -5,7 +5,8 @@ faster than a scan:
 * ``topic``, ``brokerName``, ``queueId`` equal to / IN values: only those queues are planned;
 * ``queueOffset`` compared with an integer: the planned ranges are clamped;
 * ``tags`` equal to / IN strings: the tag hash scan of the ConsumeQueue with the exact tag check
-  (as a tag subscription), when the query has no subExpression of its own;
+  (as a tag subscription), when the query has no subExpression of its own (reading a system
+  topic, whose codes are not tag hashes, the rows' tags are checked instead);
 * ``storeTimestamp`` compared with a timestamp: each queue's range is narrowed with the
   timestamp search (as ``startingTimestamp``/``endingTimestamp``: store times grow with the queue
   offset), and Spark still applies the comparison itself (a partial push).
@@ -50,6 +51,12 @@ class Pushed:
         lo = max(start, self.offset_lo)
         hi = end if self.offset_hi is None else min(end, self.offset_hi)
         return lo, max(lo, hi)
+
+
+def tag_codes_reliable(topic: str) -> bool:
+    """Whether a topic's ConsumeQueue tag codes are its messages' tag hash codes: not in the
+    brokers' system topics (the delay topic's codes are delivery times)."""
+    return not (topic.startswith(("SCHEDULE_TOPIC", "rmq_sys_", "RMQ_SYS_")))
 
 
 def _values(f, kind: type) -> frozenset | None:

@@ -66,7 +66,10 @@ def parse_java_double(s: str) -> float:
     m = _JAVA_HEX.fullmatch(t)
     if m and (m.group(2) or m.group(3)):
         mant = m.group(2) + ("." + m.group(3) if m.group(3) is not None else "")
-        return float.fromhex(f"{m.group(1)}0x{mant or '0'}p{m.group(4)}")
+        try:
+            return float.fromhex(f"{m.group(1)}0x{mant or '0'}p{m.group(4)}")
+        except OverflowError:            # Java rounds to infinity
+            return -math.inf if m.group(1) == "-" else math.inf
     raise EvalError(f"bad number {s!r}")
 
 

@@ -161,6 +161,32 @@ def _bool(v):
     return v
 
 
+def chain(node: Node) -> list[Node]:
+    """The operands of a chain of one operator (And or Or), left to right, without recursion."""
+    kind, out, todo = type(node), [], [node]
+    while todo:
+        n = todo.pop()
+        if type(n) is kind:
+            todo += [n.right, n.left]
+        else:
+            out.append(n)
+    return out
+
+
+def _logic(node: Node, props, decides) -> object:
+    """AND (``decides`` FALSE) or OR (TRUE) over the whole chain, left to right: the first
+    operand equal to ``decides`` is the answer, else null if one was null, else the other
+    boolean. The same as the nested two-operand evaluation (the operator is associative, with
+    its short cuts and errors), without recursion on long chains."""
+    null = False
+    for operand in chain(node):
+        v = _bool(operand.evaluate(props))
+        if v == decides:
+            return decides
+        null = null or v is None
+    return None if null else _b(decides == FALSE)
+
+
 @dataclass(frozen=True)
 class And(Node):
     left: Node
@@ -168,16 +194,10 @@ class And(Node):
     boolean = True
 
     def evaluate(self, props):
-        lv = _bool(self.left.evaluate(props))
-        if lv == FALSE:
-            return FALSE
-        rv = _bool(self.right.evaluate(props))
-        if rv == FALSE:
-            return FALSE
-        return None if lv is None or rv is None else TRUE
+        return _logic(self, props, FALSE)
 
     def __str__(self):
-        return f"({self.left} AND {self.right})"
+        return "(" + " AND ".join(map(str, chain(self))) + ")"
 
 
 @dataclass(frozen=True)
@@ -187,16 +207,10 @@ class Or(Node):
     boolean = True
 
     def evaluate(self, props):
-        lv = _bool(self.left.evaluate(props))
-        if lv == TRUE:
-            return TRUE
-        rv = _bool(self.right.evaluate(props))
-        if rv == TRUE:
-            return TRUE
-        return None if lv is None or rv is None else FALSE
+        return _logic(self, props, TRUE)
 
     def __str__(self):
-        return f"({self.left} OR {self.right})"
+        return "(" + " OR ".join(map(str, chain(self))) + ")"
 
 
 @dataclass(frozen=True)
@@ -256,8 +270,9 @@ def implied_tags(node: Node) -> frozenset | None:
     if isinstance(node, In) and node.operand.name == "TAGS" and not node.negated:
         return node.values
     if isinstance(node, (And, Or)):
-        left, right = implied_tags(node.left), implied_tags(node.right)
-        if isinstance(node, And):
-            return left & right if left is not None and right is not None else left if right is None else right
-        return left | right if left is not None and right is not None else None
+        parts = [implied_tags(n) for n in chain(node)]
+        if isinstance(node, And):          # every operand must hold: what any of them implies
+            known = [p for p in parts if p is not None]
+            return frozenset.intersection(*known) if known else None
+        return None if any(p is None for p in parts) else frozenset().union(*parts)
     return None

@@ -33,7 +33,11 @@ def parse(text: str) -> Node:
     if not isinstance(text, str) or not text.strip():
         raise sql92_error(text or "", 0, "the selector is empty")
     p = _Parser(text)
-    node = p.condition(p.or_expr(), p.tokens[0])
+    try:
+        node = p.condition(p.or_expr(), p.tokens[0])
+    except RecursionError:
+        raise sql92_error(text, 0, "the selector nests too deeply (parentheses, NOT or unary "
+                                   "operators)") from None
     tok = p.peek()
     if tok.kind != "EOF":
         raise p.error(tok, f"unexpected {tok.describe()} after a complete expression (expected AND, OR "

@@ -11,10 +11,10 @@ import pyarrow as pa
 from rmq_source.errors import RmqOptionError
 from rmq_source.sql92.javavalues import BOOL, DOUBLE, INT, LONG, STR
 from rmq_source.sql92.nodes import (And, BoolCast, Const, Equal, In, Less, Negate, Node, Not, Or,
-                                    Prop, StringTest)
+                                    Prop, StringTest, chain)
 
-MAX_PROPERTIES = 64
-MAX_DEPTH = 256
+MAX_PROPERTIES = 1024
+MAX_DEPTH = 256      # of the laid-out tree: AND/OR chains are balanced first
 _KINDS = {None: 0, INT: 1, LONG: 2, DOUBLE: 3, STR: 4, BOOL: 5}
 _LESS = {">": 0, ">=": 1, "<": 2, "<=": 3}
 _TESTS = {"CONTAINS": 0, "STARTSWITH": 1, "ENDSWITH": 2}
@@ -86,10 +86,12 @@ class Program:
         if isinstance(node, (Negate, BoolCast, Not)):
             a = self._emit(node.operand, d, text)
             return self._add(op={Negate: 3, BoolCast: 4, Not: 7}[type(node)], a=a, b=-1)
-        if isinstance(node, (Less, Equal, And, Or)):
+        if isinstance(node, (And, Or)):
+            return self._emit_chain(type(node), chain(node), d, text)
+        if isinstance(node, (Less, Equal)):
             a = self._emit(node.left, d, text)
             b = self._emit(node.right, d, text)
-            fields = {"op": {Less: 5, Equal: 6, And: 8, Or: 9}[type(node)], "a": a, "b": b}
+            fields = {"op": {Less: 5, Equal: 6}[type(node)], "a": a, "b": b}
             if isinstance(node, Less):
                 fields["kind"] = _LESS[node.op]
             return self._add(**fields)
@@ -106,14 +108,26 @@ class Program:
                              str=self._string(node.search.encode("utf-8", "surrogatepass")))
         raise AssertionError(f"unknown node {node!r}")
 
+    def _emit_chain(self, kind: type, operands: list, depth: int, text: str) -> int:
+        """``a AND b AND c ...`` as a balanced tree: the same operands left to right, the same
+        short cuts (the first FALSE, resp. TRUE, decides; a null or an error met before it
+        counts), so the same answers as the parser's left-leaning chain, at log depth."""
+        if len(operands) == 1:
+            return self._emit(operands[0], depth, text)
+        mid = len(operands) // 2
+        a = self._emit_chain(kind, operands[:mid], depth + 1, text)
+        b = self._emit_chain(kind, operands[mid:], depth + 1, text)
+        return self._add(op=8 if kind is And else 9, a=a, b=b)
+
     def matches_mask(self, properties: pa.Array) -> np.ndarray:
         """uint8 per row of a map<string,string> array: 1 where the selector is TRUE."""
         ffi, lib = self._ffi, self._lib
         if isinstance(properties, pa.ChunkedArray):
             return np.concatenate([self.matches_mask(c) for c in properties.chunks] or
                                   [np.zeros(0, dtype=np.uint8)])
-        if not pa.types.is_map(properties.type):
-            raise RmqOptionError(f"the properties column must be map<string,string>, not {properties.type}")
+        t = properties.type
+        if not (pa.types.is_map(t) and pa.types.is_string(t.key_type) and pa.types.is_string(t.item_type)):
+            raise RmqOptionError(f"the properties column must be map<string,string>, not {t}")
         n = len(properties)
         out = np.zeros(n, dtype=np.uint8)
         if n == 0:
