@@ -430,3 +430,16 @@ def test_answers_with_empty_bodies_count_as_progress(broker):
     pieces = drain(puller_for(broker(serve), 0, 20, in_flight=1, per_pull=5))
     assert pieces[0].first == 0 and all(d.rows == d.next - d.first for d in pieces)
     assert pieces[-1].next == 20 and b"".join(d.body for d in pieces) == joined(10, 20)
+
+
+def test_no_nameserver_when_c_pulls_start_is_the_python_clients_clear_error():
+    """The master's address is asked before the C core gets a connection: a NameServer that does
+    not answer ends in the Python client's error naming what was tried, not in a crash."""
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.remote.backend import ClusterBackend, ClusterBackendSpec
+    from rmq_source.subscription import Subscription
+
+    backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), 1.0, retries=0))
+    pulls = backend._pulls(MessageQueue("T", "b", 0), 0, 10, Subscription.parse("*"))
+    with pytest.raises(RmqRemotingConnectionError, match="no NameServer answered .*127.0.0.1:1"):
+        next(pulls)

@@ -425,8 +425,9 @@ class ClusterBackend(Backend):
             while offset < end:
                 expect = self._pull_from.get(mq, 0)     # the broker id the answers should suggest
                 slave = self._slave_addr(mq)
-                item = None
+                item = addr = None
                 for attempt in (0, 1):
+                    reused = False
                     try:
                         addr = slave or self.broker_addr(mq.broker_name)
                         reused = addr in mine
