@@ -144,8 +144,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def unit_sizes(self, mq: MessageQueue, start: int, end: int):
-        """Cumulative byte sizes of the messages at offsets ``[start, end)`` (numpy int64 array;
-        element i = bytes of offsets ``start .. start+i``); shorter when the queue ends first."""
+        """CommitLog record sizes of the messages at offsets ``start``, ``start + 1``, ... (numpy
+        int64 array, at most ``end - start`` long; shorter when the queue ends first)."""
 
     # -- messages ------------------------------------------------------------------------------
     @abc.abstractmethod

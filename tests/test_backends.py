@@ -15,6 +15,7 @@ import time
 import uuid
 
 import pytest
+from pyspark.sql import functions as F
 
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -149,19 +150,43 @@ def test_batch_read_same_in_both_backends(spark, topic, case):
     assert got == _expect_offsets(topic, lambda r: selects(topic, r))
 
 
-@pytest.mark.parametrize("kind", ["store", "cluster"])
-def test_stream_available_now_with_limits(spark, topic, tmp_path, kind):
+def _stream_available_now(spark, topic: Topic, kind: str, tmp_path, options: dict):
+    """Run an AvailableNow query from the earliest offsets: (rows per batch, the rows' table)."""
     reader = spark.readStream.format("rmq")
-    for k, v in {**topic.options(kind), "startingOffsets": "earliest",
-                 "maxMessagesPerTrigger": "70"}.items():
+    for k, v in {**topic.options(kind), "startingOffsets": "earliest", **options}.items():
         reader = reader.option(k, v)
     name = f"both_{kind}_{uuid.uuid4().hex[:6]}"
-    q = (reader.load().writeStream.format("memory").queryName(name)
-         .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    q = (reader.load().writeStream.foreachBatch(lambda df, i: df.withColumn("batch", F.lit(i))
+                                   .write.mode("append").saveAsTable(name))
+         .option("checkpointLocation", str(tmp_path / f"chk_{kind}")).trigger(availableNow=True).start())
     q.awaitTermination(300)
     assert q.exception() is None, q.exception()
     sizes = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    return sizes, name
+
+
+@pytest.mark.parametrize("kind", ["store", "cluster"])
+def test_stream_available_now_with_limits(spark, topic, tmp_path, kind):
+    sizes, name = _stream_available_now(spark, topic, kind, tmp_path, {"maxMessagesPerTrigger": "70"})
     total = len(topic.all_rows())
     assert sum(sizes) == total and max(sizes) <= 70 and len(sizes) == -(-total // 70), sizes
-    rows = spark.sql(f"select queueId, queueOffset, msgId, body from {name}").collect()
+    rows = spark.sql(f"select queueId, queueOffset from {name}").collect()
     assert sorted((r.queueId, r.queueOffset) for r in rows) == _expect_offsets(topic, lambda r: True)
+
+
+def test_stream_byte_limit_same_in_both_backends(spark, topic, tmp_path):
+    """maxBytesPerTrigger admits by the messages' stored sizes, which the live mode learns by
+    pulling: both modes must plan the same batches, each within the limit."""
+    limit = 4096
+    planned = {}
+    for kind in ("store", "cluster"):
+        sizes, name = _stream_available_now(spark, topic, kind, tmp_path, {"maxBytesPerTrigger": str(limit)})
+        per_batch = spark.sql(f"select batch, sum(storeSize) bytes, count(*) n from {name} group by batch").collect()
+        assert max(r.bytes for r in per_batch) <= limit, per_batch
+        rows = spark.sql(f"select queueId, queueOffset from {name}").collect()
+        assert sorted((r.queueId, r.queueOffset) for r in rows) == _expect_offsets(topic, lambda r: True)
+        planned[kind] = sorted((r.batch, r.n) for r in per_batch)
+        assert [n for _, n in planned[kind]] == sizes
+    assert planned["store"] == planned["cluster"]
+    # the limit is used, not undershot: most batches leave less than the largest message unused
+    assert len(planned["store"]) <= -(-sum(r.total_size for r in topic.all_rows()) // (limit // 2))

@@ -262,7 +262,7 @@ class ClusterBackend(Backend):
                                batch_bytes=1 << 26, verify_crc=False,
                                on_data_loss=lambda *_: None, on_short_read=lambda *_: None):
             sizes.extend(batch.column("storeSize").to_pylist())
-        return np.cumsum(np.asarray(sizes, dtype=np.int64))
+        return np.asarray(sizes, dtype=np.int64)
 
     def _call(self, broker_name: str, fn, *, ride_out: bool = False):
         """``fn(master address)``, tried again (``spec.retries`` times at most, with a doubling
