@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
 from rmq_source.errors import RmqUnknownTopicError
-from rmq_source.group.allocation import MessageQueue
+from rmq_source.group.allocation import MessageQueue, sort_queues
 
 #: Called with (first_lost_offset, first_readable_offset) when retention removed messages of a
 #: range being read.
@@ -82,7 +82,7 @@ class Backend(abc.ABC):
         """Where topics are looked for, for messages: ``any store (broker-a=/data/a)``."""
 
     def _queues_of(self, topic: str, brokers: Iterable[str]) -> list[MessageQueue]:
-        return [MessageQueue(topic, b, q) for b in brokers for q in self.queue_ids(topic, b)]
+        return [MessageQueue.of(topic, b, q) for b in brokers for q in self.queue_ids(topic, b)]
 
     def queues_for_topics(self, topics: Iterable[str]) -> list[MessageQueue]:
         """Every queue of the named topics on every broker; a topic found nowhere is an error."""
@@ -94,7 +94,7 @@ class Backend(abc.ABC):
                     f"option topic: {topic!r} is not in {self.where()}; "
                     f"topics found: {', '.join(sorted(known)) or 'none'}")
             out.extend(self._queues_of(topic, known[topic]))
-        return sorted(out)
+        return sort_queues(out)
 
     def queues_for_pattern(self, pattern: re.Pattern) -> list[MessageQueue]:
         """Queues of every topic whose whole name matches ``pattern`` (may be empty)."""
@@ -102,7 +102,7 @@ class Backend(abc.ABC):
         for topic, brokers in self.topics().items():
             if pattern.fullmatch(topic):
                 out.extend(self._queues_of(topic, brokers))
-        return sorted(out)
+        return sort_queues(out)
 
     def queues_for_assign(self, assign: Mapping[str, Mapping[str, Iterable[int]]]) -> list[MessageQueue]:
         """The queues named by ``assign`` ({topic: {broker: [queueIds]}}); each must exist."""

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import abc
 import bisect
+import functools
 import hashlib
 import importlib
+import operator
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -62,6 +64,29 @@ def java_string_key(text: str) -> bytes:
     Java) meets a character in U+E000..U+FFFF: Java puts the supplementary one first.
     """
     return text.encode("utf-16-be", "surrogatepass")
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_key(text: str) -> bytes:
+    """:func:`java_string_key` of a topic or broker name (few, repeated for every queue)."""
+    return java_string_key(text)
+
+
+def sort_queues(mqs: Iterable[MessageQueue]) -> list[MessageQueue]:
+    """``sorted(mqs)`` in Java's ``MessageQueue.compareTo`` order, by a precomputed key (no
+    Python comparison per pair) when every queue id is >= 0, where the int32 difference Java
+    compares cannot wrap. Other items (tests share limits by name) sort as they compare."""
+    out = list(mqs)
+    if all(isinstance(mq, MessageQueue) and mq.queue_id >= 0 for mq in out):
+        out.sort(key=_SORT_KEY)
+    else:
+        out.sort()
+    return out
+
+
+_SORT_KEY = operator.attrgetter("sort_key")
+_INTERNED: dict[tuple, MessageQueue] = {}
+_INTERNED_MAX = 1 << 20
 
 
 def _java_utf8(text: str) -> bytes:
@@ -125,6 +150,8 @@ class MessageQueue:
     broker_name: str
     queue_id: int
     _order: tuple = field(init=False, repr=False, compare=False, hash=False)
+    #: (topic key, broker key, queue id): Java's order among queues with ids >= 0
+    sort_key: tuple = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str):
@@ -136,8 +163,21 @@ class MessageQueue:
             raise RmqOptionError(
                 f"MessageQueue queue_id must be an int in [{_INT32_MIN}, {_INT32_MAX}] "
                 f"(Java int), got {self.queue_id!r}")
-        object.__setattr__(self, "_order",
-                           (java_string_key(self.topic), java_string_key(self.broker_name)))
+        order = (_name_key(self.topic), _name_key(self.broker_name))
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "sort_key", (*order, self.queue_id))
+
+    @classmethod
+    def of(cls, topic: str, broker_name: str, queue_id: int) -> MessageQueue:
+        """The queue, shared with earlier calls (planning makes the same queues every batch)."""
+        key = (topic, broker_name, queue_id)
+        mq = _INTERNED.get(key)
+        if mq is None or type(queue_id) is not int:     # (True == 1: such a call must fail)
+            mq = cls(topic, broker_name, queue_id)
+            if len(_INTERNED) >= _INTERNED_MAX:
+                _INTERNED.clear()
+            _INTERNED[key] = mq
+        return mq
 
     def __str__(self) -> str:
         return (f"MessageQueue [topic={self.topic}, brokerName={self.broker_name}, "

@@ -7,6 +7,7 @@ from dataclasses import replace
 from rmq_source.spark.partition_reader import RmqInputPartition, build_partitions
 from rmq_source.spark.pushdown import Pushed, tag_codes_reliable
 from rmq_source.spark.planner import QueueRange, plan_tasks
+from rmq_source.spark.sizing import task_sizing
 from rmq_source.spark.positions import check_data_loss, ending_offsets, starting_offsets
 from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
 
@@ -27,9 +28,9 @@ def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
     # positions of every queue first: offsets JSON must name them all, and a queue left out by a
     # filter is checked for data loss as without pushdown
     mqs = discover_queues(backend, opts)
-    starts = starting_offsets(backend, mqs, opts, open_group_store(opts, backend))
-    ends = ending_offsets(backend, mqs, opts)
-    infos = backend.infos(mqs)
+    infos = backend.infos(mqs)      # one snapshot for the starts, the ends and the checks
+    starts = starting_offsets(backend, mqs, opts, open_group_store(opts, backend), infos)
+    ends = ending_offsets(backend, mqs, opts, infos)
     # the timestamp search answers the first message at or after a time only in the store mode
     # (a 4.9 broker answers the nearest one)
     by_time = isinstance(backend, StoreBackend)
@@ -51,5 +52,6 @@ def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
         else:                               # e.g. delay messages: the rows' TAGS are checked
             exact_tags = tuple(sorted(pushed.tags))
     tasks = plan_tasks(ranges, strategy_of(opts), opts.consumer_group or "", opts.num_partitions,
-                       opts.orderly, opts.min_partitions, opts.client_id)
+                       opts.orderly, opts.min_partitions, opts.client_id,
+                       task_sizing(opts, backend, ranges))
     return build_partitions(tasks, opts, backend, exact_tags=exact_tags)

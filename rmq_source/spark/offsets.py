@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from rmq_source.group.allocation import MessageQueue
+from rmq_source.group.allocation import MessageQueue, sort_queues
 from rmq_source.errors import RmqOptionError
 
 QueueOffsets = dict[MessageQueue, int]
@@ -17,7 +17,7 @@ QueueOffsets = dict[MessageQueue, int]
 def to_json_dict(offsets: Mapping[MessageQueue, int]) -> dict:
     """``{mq: offset}`` -> the nested JSON-able dict, sorted by topic, broker and queue id."""
     out: dict = {}
-    for mq in sorted(offsets):
+    for mq in sort_queues(offsets):
         out.setdefault(mq.topic, {}).setdefault(mq.broker_name, {})[str(mq.queue_id)] = int(offsets[mq])
     return out
 
@@ -43,5 +43,5 @@ def from_json_dict(data: Mapping, *, what: str = "offset") -> QueueOffsets:
                 if isinstance(offset, bool) or not isinstance(offset, int):
                     raise RmqOptionError(f"{what}: offset of {topic}/{broker}/{qid} must be an "
                                          f"integer, got {offset!r}")
-                out[MessageQueue(topic, broker, queue_id)] = offset
+                out[MessageQueue.of(topic, broker, queue_id)] = offset
     return out

@@ -13,6 +13,7 @@ CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
                       "CONSUME_FROM_TIMESTAMP")
 DEFAULT_BROKER_NAME = "broker-a"
 DEFAULT_CONSUME_TIMESTAMP_AGO_MS = 30 * 60 * 1000
+DEFAULT_MAX_PARTITION_BYTES = 128 << 20      # as Spark's spark.sql.files.maxPartitionBytes
 
 # Option name -> (default as documented, description). Keys are the canonical spellings.
 OPTION_DOCS: dict[str, tuple[str, str]] = {
@@ -107,9 +108,21 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "virtualNodeCount": ("10",
                          "CONSISTENT_HASH (or MACHINE_ROOM_NEARBY with inner CONSISTENT_HASH): "
                          "virtual nodes per consumer slot."),
-    "numPartitions": ("one per queue", "Consumer slots, i.e. Spark tasks per (micro-)batch."),
+    "numPartitions": ("sized to the work", "Consumer slots, i.e. Spark tasks per (micro-)batch, each "
+                      "reading the queues the allocation strategy gives it. Without it every queue "
+                      "is a slot and the slots are packed, in order, into tasks: at least "
+                      "minPartitions (default: the CPUs of the planning machine) as far as the "
+                      "queues with data allow, more when the backlog exceeds maxPartitionBytes per "
+                      "task."),
     "orderly": ("true", "true: a queue is read by one task in offset order; false: ranges may split."),
-    "minPartitions": ("none", "orderly=false only: split large ranges to reach at least this many tasks."),
+    "minPartitions": ("the planning machine's CPUs",
+                      "At least this many tasks when the queues allow: without numPartitions the "
+                      "slots are packed into this many tasks or more; with orderly=false large "
+                      "ranges are also split to reach it (a queue is never split when orderly)."),
+    "maxPartitionBytes": (str(DEFAULT_MAX_PARTITION_BYTES), "Without numPartitions: the bytes (estimated from sampled "
+                          "message sizes, plus a fixed cost per queue) a task reads at most "
+                          "before the plan gets another task; one queue's range is never split "
+                          "for it."),
     "failOnDataLoss": ("true", "Fail when needed messages were deleted by retention, or are gone "
                                "when a task reads its planned range (a queue's ConsumeQueue "
                                "removed or shorter than planned, a store removed), or when a "

@@ -44,7 +44,8 @@ from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_
                                            default_offset_store_path)
 from rmq_source.group.statefile import check_group
 from rmq_source.spark.option_docs import (ALLOCATE_STRATEGIES, CONSUME_FROM_WHERE, DEFAULT_BROKER_NAME,
-                                          DEFAULT_CONSUME_TIMESTAMP_AGO_MS, NEARBY_INNER_STRATEGIES,
+                                          DEFAULT_CONSUME_TIMESTAMP_AGO_MS, DEFAULT_MAX_PARTITION_BYTES,
+                                          NEARBY_INNER_STRATEGIES,
                                           OPTION_DOCS, options_markdown)
 from rmq_source.spark.option_values import (CLASS_SPEC_RE, CLIENT_ID_RE, EARLIEST, GROUP, LATEST,
                                             NAME_RE, SECRET_NAME_RE, bool_option, choice, comma_list,
@@ -105,6 +106,7 @@ class SourceOptions:
     num_partitions: int | None
     orderly: bool
     min_partitions: int | None
+    max_partition_bytes: int
     fail_on_data_loss: bool
     offset_store_path: str | None                       # absolute; None without consumerGroup
     lock_lease_ms: int
@@ -496,12 +498,15 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     num_partitions = (int_option("numPartitions", opts["numPartitions"], minimum=1, maximum=(1 << 31) - 1)
                       if "numPartitions" in opts else None)
     orderly = bool_option("orderly", opts["orderly"]) if "orderly" in opts else True
-    min_partitions = None
-    if "minPartitions" in opts:
-        if orderly:
-            raise RmqOptionError(f"option minPartitions={opts['minPartitions']!r} only applies with "
-                                 "orderly=false (ordered reading never splits a queue's range)")
-        min_partitions = int_option("minPartitions", opts["minPartitions"], minimum=1, maximum=(1 << 31) - 1)
+    min_partitions = (int_option("minPartitions", opts["minPartitions"], minimum=1, maximum=(1 << 31) - 1)
+                      if "minPartitions" in opts else None)
+    max_partition_bytes = DEFAULT_MAX_PARTITION_BYTES
+    if "maxPartitionBytes" in opts:
+        if num_partitions is not None:
+            raise RmqOptionError(f"option maxPartitionBytes={opts['maxPartitionBytes']!r} sizes the tasks "
+                                 f"only without numPartitions (given: numPartitions={num_partitions}); "
+                                 "set one of them")
+        max_partition_bytes = int_option("maxPartitionBytes", opts["maxPartitionBytes"], minimum=1)
     fail_on_data_loss = bool_option("failOnDataLoss", opts["failOnDataLoss"]) if "failOnDataLoss" in opts else True
 
     # Offset store
@@ -568,6 +573,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         allocate_strategy=strategy, allocate_queues=allocate_queues, consume_rooms=consume_rooms,
         nearby_inner_strategy=inner, virtual_node_count=virtual_node_count,
         num_partitions=num_partitions, orderly=orderly, min_partitions=min_partitions,
+        max_partition_bytes=max_partition_bytes,
         fail_on_data_loss=fail_on_data_loss, offset_store_path=offset_store_path,
         lock_lease_ms=lock_values["lockLeaseMs"], client_lock_lease_ms=lock_values["clientLockLeaseMs"],
         lock_renew_interval_ms=lock_values["lockRenewIntervalMs"], client_id=client_id,

@@ -1,20 +1,24 @@
 """Turning offset ranges into Spark tasks, and admission control.
 
 * :func:`share_limit` splits a per-trigger limit across queues in proportion to their backlog.
-* :func:`plan_tasks` maps queues onto consumer slots (Spark tasks) with an allocation strategy:
-  the sorted queues are allocated to the sorted slot ids exactly as a RocketMQ client allocates
-  queues to the sorted client ids of a group; each slot becomes one task reading its queues one
-  after another. A queue range is never split when ``orderly`` (one task per queue, in offset
-  order); otherwise ranges larger than needed are split to reach ``min_partitions`` tasks.
+* :func:`plan_tasks` maps queues onto consumer slots with an allocation strategy: the sorted
+  queues are allocated to the sorted slot ids exactly as a RocketMQ client allocates queues to
+  the sorted client ids of a group. With ``numPartitions`` each slot is one task reading its
+  queues one after another; without it every queue is a slot and consecutive slots are packed
+  into tasks sized to the work (:class:`TaskSizing`). Either way a queue is read by one task, in
+  offset order, unless ``orderly`` is false: then ranges larger than needed are split to reach
+  ``min_partitions`` tasks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import os
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Mapping
 
 from rmq_source.group.allocation import (AllocateMessageQueueAveragely, AllocationStrategy, MessageQueue,
-                                        java_string_key)
+                                        java_string_key, sort_queues)
 from rmq_source.errors import RmqAllocationError
 
 
@@ -39,6 +43,45 @@ class ReadTask:
     ranges: tuple[QueueRange, ...]
 
 
+#: A queue's fixed cost in a task (opening its files or its pull stream, the first request, the
+#: Python around each range) as the bytes the task decodes meanwhile: measured with the store
+#: mode, where a queue of a few small messages costs about as much as 64 KiB of messages.
+QUEUE_COST_BYTES = 64 << 10
+#: The bytes per queue offset assumed for a topic when no message could be sampled.
+UNSAMPLED_OFFSET_BYTES = 1024
+
+
+def default_parallelism() -> int:
+    """CPUs this process may run on. The planning runs in a Python worker beside the driver, to
+    which PySpark passes no Spark setting that tells the cluster's parallelism: this is Spark's
+    default parallelism in local mode (``local[*]``); a cluster sets ``minPartitions``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):    # (not Linux)
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class TaskSizing:
+    """How many tasks a plan without ``numPartitions`` gets, and what each weighs.
+
+    A range weighs its offsets times the topic's bytes per offset (sampled with the query's
+    subscription; see :mod:`.sizing`) plus :data:`QUEUE_COST_BYTES`. The plan gets ``max(parallelism,
+    ceil(total weight / max_partition_bytes))`` tasks, but never more than the queues with data.
+    """
+
+    parallelism: int
+    max_partition_bytes: int
+    offset_bytes: dict[str, float] = field(default_factory=dict)   # topic -> bytes per offset
+
+    def weight(self, r: QueueRange) -> float:
+        return r.size * self.offset_bytes.get(r.mq.topic, UNSAMPLED_OFFSET_BYTES) + QUEUE_COST_BYTES
+
+    def task_count(self, total_weight: float, slots_with_data: int) -> int:
+        wanted = max(self.parallelism, math.ceil(total_weight / self.max_partition_bytes))
+        return max(1, min(slots_with_data, wanted))
+
+
 def slot_ids(count: int, client_id: str = "rmq_source") -> list[str]:
     """Consumer slot ids ``<client_id>#0000`` ...; zero-padded so string order is numeric order.
 
@@ -60,13 +103,13 @@ def share_limit(backlogs: Mapping[MessageQueue, int], limit: int) -> dict[Messag
         return {mq: max(b, 0) for mq, b in backlogs.items()}
     shares: dict[MessageQueue, int] = {}
     remainders = []
-    for mq in sorted(backlogs):
+    for i, mq in enumerate(sort_queues(backlogs)):
         b = max(backlogs[mq], 0)
         q, r = divmod(limit * b, total)
         shares[mq] = q
-        remainders.append((-r, mq))
+        remainders.append((-r, i, mq))
     left = limit - sum(shares.values())
-    for _, mq in sorted(remainders)[:left]:
+    for _, _, mq in sorted(remainders)[:left]:
         shares[mq] += 1
     return shares
 
@@ -80,7 +123,7 @@ def allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[st
     costs O(slots x queues). A user's strategy is asked every time."""
     if type(strategy).__module__ != _BUILT_IN:
         return _allocate_slots(mqs, strategy, group, slots)
-    got = _allocate_slots_cached(strategy, group, tuple(sorted(mqs)), tuple(slots))
+    got = _allocate_slots_cached(strategy, group, tuple(sort_queues(mqs)), tuple(slots))
     return {slot: list(q) for slot, q in got.items()}
 
 
@@ -95,7 +138,7 @@ def _allocate_slots_cached(strategy, group: str, mqs: tuple, slots: tuple
 
 def _allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[str]
                     ) -> dict[str, list[MessageQueue]]:
-    mq_all = sorted(mqs)
+    mq_all = sort_queues(mqs)
     known = set(mq_all)
     cid_all = sorted(slots, key=java_string_key)
     owner: dict[MessageQueue, str] = {}
@@ -112,17 +155,19 @@ def _allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[s
                     f"{mq} to both {owner[mq]} and {slot}; a queue must be read by one task only "
                     "(use numPartitions=1 with CONFIG, or another strategy)")
             owner[mq] = slot
-        out[slot] = sorted(got)
+        out[slot] = sort_queues(got)
     return out
 
 
 def plan_tasks(ranges: list[QueueRange], strategy, group: str, num_partitions: int | None,
-               orderly: bool, min_partitions: int | None, client_id: str = "rmq_source"
-               ) -> list[ReadTask]:
+               orderly: bool, min_partitions: int | None, client_id: str = "rmq_source",
+               sizing: TaskSizing | None = None) -> list[ReadTask]:
     """Tasks for ``ranges``; empty ranges make no task and slots without data make no task.
 
-    Queues the strategy gives to no slot are not read (their ranges are returned by no task);
-    :func:`unallocated` tells the caller which ones, so it does not advance their offsets.
+    Without ``num_partitions`` the one-queue slots are packed into tasks by ``sizing`` (none:
+    one task per slot). Queues the strategy gives to no slot are not read (their ranges are
+    returned by no task); :func:`unallocated` tells the caller which ones, so it does not advance
+    their offsets.
     """
     live = [r for r in ranges if r.size > 0]
     if not live:
@@ -135,9 +180,30 @@ def plan_tasks(ranges: list[QueueRange], strategy, group: str, num_partitions: i
         mine = tuple(by_mq[mq] for mq in allocation[slot] if by_mq[mq].size > 0)
         if mine:
             tasks.append(ReadTask(slot, mine))
+    if not num_partitions and sizing is not None:
+        tasks = pack_tasks(tasks, sizing)
     if not orderly and min_partitions and len(tasks) < min_partitions:
         tasks = _split(tasks, min_partitions)
     return tasks
+
+
+def pack_tasks(tasks: list[ReadTask], sizing: TaskSizing) -> list[ReadTask]:
+    """Consecutive ``tasks`` (slots) merged into :meth:`TaskSizing.task_count` tasks of about
+    equal weight; a merged task reads its slots' ranges in slot order. A slot heavier than a
+    task's share is a task of its own (its ranges are never split here)."""
+    weights = [sum(sizing.weight(r) for r in t.ranges) for t in tasks]
+    total = sum(weights)
+    n = sizing.task_count(total, len(tasks))
+    if n >= len(tasks):
+        return tasks
+    bins: list[list[ReadTask]] = [[] for _ in range(n)]
+    before = 0.0
+    for task, w in zip(tasks, weights):
+        # the bin holding the slot's middle, in cumulative weight: contiguous and balanced
+        bins[min(n - 1, int((before + w / 2) * n / total))].append(task)
+        before += w
+    return [ReadTask(b[0].slot if len(b) == 1 else f"{b[0].slot}..{b[-1].slot}",
+                     tuple(r for t in b for r in t.ranges)) for b in bins if b]
 
 
 def unallocated(mqs: list[MessageQueue], strategy, group: str, num_partitions: int | None,

@@ -60,11 +60,14 @@ def _check_listed_queues_exist(spec: Mapping[MessageQueue, int], mqs: list[Messa
 
 
 def _resolve(backend: Backend, mqs: list[MessageQueue], timestamp: int | None, spec,
-             option: str, named) -> dict[MessageQueue, int]:
-    """Per queue: ``timestamp`` if given, else the JSON offsets ``spec``, else ``named(mq, info)``."""
+             option: str, named, infos: Mapping[MessageQueue, QueueInfo] | None
+             ) -> dict[MessageQueue, int]:
+    """Per queue: ``timestamp`` if given, else the JSON offsets ``spec``, else ``named(mq, info)``;
+    ``infos`` (default: asked now) are the queues' min/max offsets."""
     if timestamp is None and isinstance(spec, Mapping):
         _check_listed_queues_exist(spec, mqs, option)
-    infos = backend.infos(mqs)
+    if infos is None:
+        infos = backend.infos(mqs)
     out: dict[MessageQueue, int] = {}
     for mq in mqs:
         if timestamp is not None:
@@ -76,9 +79,10 @@ def _resolve(backend: Backend, mqs: list[MessageQueue], timestamp: int | None, s
     return out
 
 
-def starting_offsets(backend: Backend, mqs: list[MessageQueue], opts, group_store=None
-                     ) -> dict[MessageQueue, int]:
-    """The first offset to read in each queue for a new query (see module docstring)."""
+def starting_offsets(backend: Backend, mqs: list[MessageQueue], opts, group_store=None,
+                     infos: Mapping[MessageQueue, QueueInfo] | None = None) -> dict[MessageQueue, int]:
+    """The first offset to read in each queue for a new query (see module docstring); ``infos``
+    as :meth:`Backend.infos` answered for ``mqs`` in this planning pass (default: asked now)."""
     spec = opts.starting_offsets
 
     def named(mq: MessageQueue, info: QueueInfo) -> int:
@@ -90,7 +94,7 @@ def starting_offsets(backend: Backend, mqs: list[MessageQueue], opts, group_stor
             return group_start(backend, mq, info, opts, group_store)
         raise RmqOptionError(f"option startingOffsets: unsupported value {spec!r}")
 
-    return _resolve(backend, mqs, opts.starting_timestamp, spec, "startingOffsets", named)
+    return _resolve(backend, mqs, opts.starting_timestamp, spec, "startingOffsets", named, infos)
 
 
 def group_start(backend: Backend, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
@@ -108,10 +112,12 @@ def group_start(backend: Backend, mq: MessageQueue, info: QueueInfo, opts, group
     return info.max_offset
 
 
-def ending_offsets(backend: Backend, mqs: list[MessageQueue], opts) -> dict[MessageQueue, int]:
-    """The exclusive end of a batch read in each queue (``latest`` = the max offset)."""
+def ending_offsets(backend: Backend, mqs: list[MessageQueue], opts,
+                   infos: Mapping[MessageQueue, QueueInfo] | None = None) -> dict[MessageQueue, int]:
+    """The exclusive end of a batch read in each queue (``latest`` = the max offset); ``infos``
+    as in :func:`starting_offsets`."""
     return _resolve(backend, mqs, opts.ending_timestamp, opts.ending_offsets, "endingOffsets",
-                    lambda mq, info: info.max_offset)
+                    lambda mq, info: info.max_offset, infos)
 
 
 def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data_loss: bool,

@@ -26,7 +26,8 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
-from rmq_source.group.allocation import AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy
+from rmq_source.group.allocation import (AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy,
+                                        sort_queues)
 from rmq_source.errors import (RmqAllocationError, RmqAuthError, RmqBrokerUnavailableError, RmqLockError,
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError)
 from rmq_source.group.offset_store import ReadOffsetType
@@ -34,6 +35,7 @@ from rmq_source.spark.offsets import from_json_dict, to_json_dict
 from rmq_source.backend import TaskLock
 from rmq_source.spark.partition_reader import build_partitions, read_partition
 from rmq_source.spark.planner import QueueRange, plan_tasks, share_limit, unallocated
+from rmq_source.spark.sizing import task_sizing
 from rmq_source.spark.positions import check_data_loss, logged_range_start, starting_offsets
 from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
 
@@ -71,6 +73,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
         self._away: set[str] = set()       # brokers whose queues wait (failOnDataLoss=false)
         self._unsaved: dict[MessageQueue, int] = {}  # group commits their broker did not take yet
+        self._offset_bytes: dict[str, float] = {}   # topic -> bytes per offset (task sizing)
 
     @property
     def session(self) -> GroupSession | None:
@@ -83,7 +86,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
-        return sorted(set(discover_queues(self.backend, self.opts)) | set(known))
+        return sort_queues(set(discover_queues(self.backend, self.opts)) | set(known))
 
     def initialOffset(self) -> dict:
         """Where a new query starts. Computed once per reader: Spark asks again when it runs the
@@ -93,8 +96,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._fresh = (self.opts.starting_timestamp is not None
                            or self.opts.starting_offsets != "group")
             infos = self._reachable_infos(self._queues())
-            mqs = sorted(infos)   # a queue of a broker away is picked up as new when it is back
-            starts = starting_offsets(self.backend, mqs, self.opts, self.group_store)
+            mqs = sort_queues(infos)   # a queue of a broker away is picked up as new when it is back
+            starts = starting_offsets(self.backend, mqs, self.opts, self.group_store, infos)
             self._initial = to_json_dict(
                 {mq: check_data_loss(mq, starts[mq], infos[mq], self.opts.fail_on_data_loss)
                  for mq in mqs})
@@ -145,7 +148,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._batch_strategy = AskedOnce(self.strategy)
         self._commit_previous(start_map)
         starts = self._starts_with_new_queues(start, self._queues(start_map))
-        mqs = sorted(starts)
+        mqs = sort_queues(starts)
         # only the query's own first batch: a restarted process asks initialOffset too (to re-run
         # the first batch) and then plans later batches, where the group's progress counts
         fresh = self._fresh and start == self._initial
@@ -180,7 +183,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tries = 0
         while True:
             infos = self._reachable_infos(mqs)
-            latest = self._latest(sorted(infos), infos)
+            latest = self._latest(infos, infos)
             try:
                 read, end = self._plan(mqs, starts, latest, infos, limit, fresh)
                 return read, end, latest
@@ -265,7 +268,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         a re-created queue), all at once: each lost offset is reported once (or raises with
         ``failOnDataLoss``), see :func:`rmq_source.spark.positions.check_data_loss`."""
         out = dict(starts)
-        for mq in sorted(read):
+        for mq in sort_queues(read):
             info = infos[mq]
             out[mq] = check_data_loss(mq, starts[mq], info, self.opts.fail_on_data_loss,
                                       self._lost_reported)
@@ -394,7 +397,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"batch's offsets are logged, skipping its messages would lose them): {exc}",
                 peer=getattr(exc, "peer", None)) from exc
         ranges = []
-        for mq, stop in sorted(ends.items()):
+        for mq in sort_queues(ends):
+            stop = ends[mq]
             if mq in starts:
                 first = logged_range_start(mq, starts[mq], stop, infos[mq],
                                            self.opts.fail_on_data_loss, self._lost_reported)
@@ -405,7 +409,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         strategy = self._batch_strategy if self.session is None else _EVERY_SLOT
         tasks = plan_tasks(ranges, strategy, self.opts.consumer_group or "",
                            self.opts.num_partitions, self.opts.orderly, self.opts.min_partitions,
-                           self.opts.client_id)
+                           self.opts.client_id,
+                           task_sizing(self.opts, self.backend, ranges, self._offset_bytes))
         unread = {r.mq for r in ranges if r.size} - {r.mq for t in tasks for r in t.ranges}
         if unread:   # the batch's offsets move past them: leaving them out would lose messages
             raise RmqAllocationError(
@@ -428,6 +433,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __setstate__(self, state: dict) -> None:
         self.opts = state["opts"]
         self._session = None
+        self._offset_bytes = {}
         self.group_store = None
 
     def commit(self, end: dict) -> None:

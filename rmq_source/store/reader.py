@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 import time
 from typing import Iterator
@@ -38,6 +39,7 @@ _CQ_UNIT = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 DEFAULT_BATCH_ROWS = 65536
 DEFAULT_BATCH_BYTES = 64 << 20
 _LISTING_ATTEMPTS = 5
+_SETTLED_NS = 2_000_000_000     # a folder unchanged this long before a listing: the listing is kept
 
 # The seam's types (rmq_source.backend): a store answers in them directly.
 __all__ = ["Store", "QueueInfo", "DataLossCallback", "ShortReadCallback", "native_rows"]
@@ -51,12 +53,13 @@ def native_rows(batch: pa.RecordBatch, topic: str, broker_name: str, queue_id: i
     n = batch.num_rows
     columns = [pa.repeat(topic, n), pa.repeat(broker_name, n)]
     columns.extend(batch.columns)
-    columns[ARROW_SCHEMA.get_field_index("queueId")] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
-    body_idx = ARROW_SCHEMA.get_field_index("body")
-    flags = columns[ARROW_SCHEMA.get_field_index("sysFlag")]
-    columns[body_idx] = decompress_bodies(
-        columns[body_idx], flags, columns[ARROW_SCHEMA.get_field_index("commitLogOffset")])
+    columns[_QUEUE_ID] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
+    columns[_BODY] = decompress_bodies(columns[_BODY], columns[_SYS_FLAG], columns[_CL_OFFSET])
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+_QUEUE_ID, _BODY, _SYS_FLAG, _CL_OFFSET = (ARROW_SCHEMA.get_field_index(n) for n in
+                                           ("queueId", "body", "sysFlag", "commitLogOffset"))
 
 
 def _segment_files(folder: str) -> list[tuple[int, str]]:
@@ -132,6 +135,7 @@ class Store:
         self._cl_file_size = commitlog_file_size
         self._cq_file_size = cq_file_size
         self._segments: dict[str, dict[str, native.Segment]] = {}   # folder -> path -> mapping
+        self._listings: dict[str, tuple[tuple, tuple[list, int]]] = {}  # see _segments_of
         self._lock = threading.RLock()
 
     def _check_root(self) -> None:
@@ -169,21 +173,47 @@ class Store:
         for path in [p for p in mapped if p not in present]:
             mapped.pop(path).close()
 
-    def _segments_of(self, folder: str, file_size: int | None, what: str) -> tuple[list, int]:
-        """Mapped files of ``folder`` (sorted, consecutive) and the file size.
+    def _segments_of(self, folder: str, file_size: int | None, what: str, *, real_dir: bool = False
+                     ) -> tuple[list, int]:
+        """Mapped files of ``folder`` (sorted, consecutive) and the file size; ``real_dir``: the
+        folder must not be a symlink (see :func:`_check_real_dirs`).
 
         A directory listing is not a snapshot (a file created while ``listdir`` runs may be
         missed) and retention deletes files at any time: a listing with a gap or a file that
         vanished before it was mapped is made again; only a persistent problem is an error.
+
+        A listing is reused while the folder's (inode, mtime) stays what it was and its files
+        were all full size, so an idle queue costs one ``stat``: files are created, deleted and
+        replaced only by changing the folder, which moves its mtime. Only a folder unchanged for
+        :data:`_SETTLED_NS` before it was listed is remembered: a change in the same clock tick
+        as the listing could leave its mtime as it was.
         """
+        try:
+            st = os.lstat(folder) if real_dir else os.stat(folder)
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        except FileNotFoundError:
+            key = None
+        else:
+            if real_dir and stat.S_ISLNK(st.st_mode):
+                _check_real_dirs(folder)
+        hit = self._listings.get(folder)
+        if hit is not None and hit[0] == key and (file_size is None or hit[1][1] == file_size):
+            return hit[1]
+        self._listings.pop(folder, None)
+        listed_at = time.time_ns()
         for attempt in range(_LISTING_ATTEMPTS):
             try:
-                return self._map_listing(folder, _segment_files(folder), file_size, what)
+                got = self._map_listing(folder, _segment_files(folder), file_size, what)
+                break
             except FileNotFoundError:   # includes RmqStoreLayoutError
                 if attempt == _LISTING_ATTEMPTS - 1:
                     raise
                 time.sleep(0.002 * (attempt + 1))
-        raise AssertionError("unreachable")
+        segs, size = got
+        if (key is not None and listed_at - key[2] > _SETTLED_NS and segs
+                and all(seg.size == size for seg in segs)):
+            self._listings[folder] = (key, got)
+        return got
 
     def _map_listing(self, folder: str, files: list[tuple[int, str]], file_size: int | None,
                      what: str) -> tuple[list, int]:
@@ -215,14 +245,13 @@ class Store:
             return native.CommitLog(segs, size or 1)
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
-        return os.path.join(self.root, "consumequeue", topic, str(queue_id))
+        return f"{self.root}/consumequeue/{topic}/{queue_id}"
 
     def _cq(self, topic: str, queue_id: int) -> tuple[list, int]:
-        folder = self._queue_dir(topic, queue_id)
-        _check_real_dirs(os.path.dirname(folder), folder)
+        _check_real_dirs(f"{self.root}/consumequeue/{topic}")
         with self._lock:
             segs, size = self._segments_of(self._queue_dir(topic, queue_id), self._cq_file_size,
-                                           f"ConsumeQueue {topic}/{queue_id}")
+                                           f"ConsumeQueue {topic}/{queue_id}", real_dir=True)
             if not segs:
                 self._check_root()
             if size and self._cq_file_size is None and len(segs) > 1:
@@ -505,6 +534,7 @@ class Store:
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         with self._lock:
+            self._listings.clear()
             for mapped in self._segments.values():
                 for seg in mapped.values():
                     seg.close()

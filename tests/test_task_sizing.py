@@ -1,0 +1,170 @@
+"""Tasks sized to the work: packing one-queue slots into tasks, the sampled weights, the joined
+batches of a task over many small queues, and what a plan without numPartitions gives."""
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from rmq_source.group.allocation import AllocateMessageQueueAveragely, MessageQueue, create_strategy
+from rmq_source.spark.batch_reader import plan_batch
+from rmq_source.spark.options import parse_options
+from rmq_source.spark.partition_reader import coalesce, read_partition
+from rmq_source.spark.planner import QUEUE_COST_BYTES, QueueRange, TaskSizing, plan_tasks
+from rmq_source.spark.sizing import CQ_UNIT_BYTES, task_sizing
+from rmq_source.spark.query import open_backend
+from rmq_source.store.writer import StoreWriter
+
+AVG = AllocateMessageQueueAveragely()
+
+
+def _ranges(sizes, topic="T"):
+    return [QueueRange(MessageQueue(topic, "broker-a", i), 100, 100 + n) for i, n in enumerate(sizes)]
+
+
+def _flat(tasks):
+    return [r for t in tasks for r in t.ranges]
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=60),
+       parallelism=st.integers(1, 16), max_bytes=st.integers(1, 1 << 24),
+       offset_bytes=st.floats(0, 4096), orderly=st.booleans())
+def test_packing_keeps_every_range_once_in_order(sizes, parallelism, max_bytes, offset_bytes, orderly):
+    ranges = _ranges(sizes)
+    sizing = TaskSizing(parallelism, max_bytes, {"T": offset_bytes})
+    tasks = plan_tasks(ranges, AVG, "", None, orderly, None, sizing=sizing)
+    live = [r for r in ranges if r.size]
+    # every queue with data is read by one task, the tasks in queue order, each queue whole
+    assert _flat(tasks) == live
+    if not live:
+        return
+    total = sum(sizing.weight(r) for r in live)
+    wanted = min(len(live), max(parallelism, math.ceil(total / max_bytes)))
+    assert 1 <= len(tasks) <= wanted
+    # fewer tasks than wanted only when a slot is heavier than a task's share
+    if len(tasks) < wanted:
+        assert max(sizing.weight(r) for r in live) > total / wanted
+    # balanced: no task exceeds its share by more than one range
+    for t in tasks:
+        assert sum(sizing.weight(r) for r in t.ranges) <= total / len(tasks) + 2 * max(
+            sizing.weight(r) for r in live)
+
+
+@pytest.mark.parametrize("queues, num_partitions, min_partitions, orderly, expected_tasks", [
+    (1000, None, None, True, 2),     # parallelism 2, a light backlog: two tasks of 500 queues
+    (1000, None, 8, True, 8),        # minPartitions raises the count, queues stay whole
+    (1000, None, 8, False, 8),
+    (1000, 7, None, True, 7),        # numPartitions is the slot count, unpacked
+    (3, None, 8, True, 3),           # ordered: at most one task per queue
+    (3, 3, 8, False, 9),             # unordered: ranges split into pieces of ceil(30 / 8) offsets
+])
+def test_task_count(queues, num_partitions, min_partitions, orderly, expected_tasks):
+    ranges = _ranges([10] * queues)
+    sizing = None if num_partitions else TaskSizing(min_partitions or 2, 128 << 20, {"T": 120})
+    tasks = plan_tasks(ranges, AVG, "", num_partitions, orderly, min_partitions, sizing=sizing)
+    assert len(tasks) == expected_tasks
+    read = sorted((r.mq, o) for r in _flat(tasks) for o in range(r.start, r.end))
+    assert read == sorted((r.mq, o) for r in ranges for o in range(r.start, r.end))
+
+
+def test_heavy_backlog_gets_more_tasks_than_parallelism():
+    # 64 queues x 10,000 offsets x 1 KiB = 640 MiB: five tasks of 128 MiB at parallelism 2
+    sizing = TaskSizing(2, 128 << 20, {"T": 1024})
+    tasks = plan_tasks(_ranges([10_000] * 64), AVG, "", None, True, None, sizing=sizing)
+    total = 64 * (10_000 * 1024 + QUEUE_COST_BYTES)
+    assert len(tasks) == math.ceil(total / (128 << 20)) == 5
+
+
+@pytest.mark.parametrize("strategy", ["AVG", "AVG_BY_CIRCLE", "CONSISTENT_HASH"])
+def test_packing_keeps_the_strategy_allocation_per_queue(strategy):
+    """Packing merges whole slots: each queue keeps the slot its strategy gave it (the slots of
+    a task are consecutive)."""
+    strat = create_strategy(strategy, virtual_node_count=3) if strategy == "CONSISTENT_HASH" else \
+        create_strategy(strategy)
+    ranges = _ranges([5] * 40)
+    unpacked = plan_tasks(ranges, strat, "g", None, True, None)
+    packed = plan_tasks(ranges, strat, "g", None, True, None, sizing=TaskSizing(3, 1 << 30))
+    assert len(packed) == 3
+    slot_of = {r.mq: t.slot for t in unpacked for r in t.ranges}
+    for t in packed:
+        first, _, last = t.slot.partition("..")
+        assert all(first <= slot_of[r.mq] <= (last or first) for r in t.ranges)
+    assert _flat(packed) == _flat(unpacked)
+
+
+_SCHEMA = pa.schema([("x", pa.int64()), ("b", pa.binary())])
+
+
+def _batch(n, start=0):
+    return pa.RecordBatch.from_pydict({"x": list(range(start, start + n)), "b": [b"y" * 10] * n},
+                                      schema=_SCHEMA)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 50), max_size=40), max_rows=st.integers(1, 120),
+       max_bytes=st.integers(1, 4000))
+def test_coalesce_keeps_rows_in_order_within_limits(sizes, max_rows, max_bytes):
+    batches, at = [], 0
+    for n in sizes:
+        batches.append(_batch(n, at))
+        at += n
+    out = list(coalesce(iter(batches), max_rows, max_bytes))
+    assert [x for b in out for x in b.column("x").to_pylist()] == list(range(at))
+    inputs = {id(b) for b in batches}
+    for b in out:
+        if id(b) in inputs:            # passed through unchanged (a large or a lone batch)
+            continue
+        assert b.num_rows <= max_rows and b.get_total_buffer_size() <= max_bytes + 64 * b.num_columns
+
+
+def test_coalesce_joins_small_batches():
+    out = list(coalesce(iter([_batch(3, 3 * i) for i in range(100)]), 1000, 1 << 20))
+    assert len(out) == 1 and out[0].num_rows == 300
+
+
+@pytest.fixture(scope="module")
+def many_queues(tmp_path_factory):
+    """200 queues of 5 messages; tag X on 1 message in 100 (queue 7 has two)."""
+    root = tmp_path_factory.mktemp("many") / "store"
+    with StoreWriter(str(root), broker_name="broker-a") as w:
+        w.create_topic("M", 200)
+        for i in range(1000):
+            tag = "X" if i % 100 == 7 else "other"
+            w.append("M", b"m" * 200, tags=tag, queue_id=i % 200)
+    return root
+
+
+def _opts(root, **extra):
+    return parse_options({"storePath": str(root), "topic": "M", **extra}, streaming=False)
+
+
+def test_plan_without_num_partitions_packs_small_queues(many_queues, monkeypatch):
+    monkeypatch.setattr("rmq_source.spark.sizing.default_parallelism", lambda: 2)
+    parts = plan_batch(_opts(many_queues))
+    assert len(parts) == 2
+    assert [r.queue_id for p in parts for r in p.ranges] == list(range(200))
+    rows = [row for p in parts for b in read_partition(p) for row in b.column("queueOffset").to_pylist()]
+    assert len(rows) == 1000
+    # a task over many small queues hands Spark one joined batch, not one per queue
+    assert all(len(list(read_partition(p))) == 1 for p in parts)
+    assert len(plan_batch(_opts(many_queues, minPartitions="5"))) == 5
+    assert len(plan_batch(_opts(many_queues, numPartitions="200"))) == 200
+
+
+def test_sampled_weight_follows_the_subscription(many_queues):
+    backend = open_backend(_opts(many_queues))
+    ranges = [QueueRange(MessageQueue("M", "broker-a", q), 0, 5) for q in range(200)]
+    every = task_sizing(_opts(many_queues), backend, ranges).offset_bytes["M"]
+    assert every > 200 + CQ_UNIT_BYTES                       # whole records, headers included
+    # the sample reads the largest ranges first (all of 5 here: queues 0..3, none tagged X)
+    tagged = task_sizing(_opts(many_queues, subExpression="X"), backend, ranges).offset_bytes["M"]
+    assert tagged == CQ_UNIT_BYTES
+    only_x = [QueueRange(MessageQueue("M", "broker-a", 7), 0, 5)]    # every message tagged X
+    assert task_sizing(_opts(many_queues, subExpression="X"), backend, only_x).offset_bytes == \
+        task_sizing(_opts(many_queues), backend, only_x).offset_bytes
+    assert task_sizing(_opts(many_queues, numPartitions="3"), backend, ranges) is None
+    known = {"M": 7.0}
+    assert task_sizing(_opts(many_queues), backend, ranges, known).offset_bytes == {"M": 7.0}
