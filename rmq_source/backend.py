@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from rmq_source.errors import RmqUnknownTopicError
 from rmq_source.group.allocation import MessageQueue, sort_queues
@@ -31,6 +31,16 @@ from rmq_source.group.allocation import MessageQueue, sort_queues
 DataLossCallback = Callable[[int, int], None]
 #: Called with (first_unread_offset, end, reason) when a planned range cannot be read to its end.
 ShortReadCallback = Callable[[int, int, str], None]
+
+
+class RangeRead(NamedTuple):
+    """One range of :meth:`Backend.read_many`: offsets ``[start, end)`` of ``mq`` and its callbacks."""
+
+    mq: MessageQueue
+    start: int
+    end: int
+    on_data_loss: DataLossCallback
+    on_short_read: ShortReadCallback
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,15 @@ class Backend(abc.ABC):
         ``subscription``, in offset order. Messages removed before they were read are reported
         through ``on_data_loss``; a range that ends short of ``end`` (queue shorter or gone)
         through ``on_short_read``. Nothing is skipped silently."""
+
+    def read_many(self, ranges: Iterable[RangeRead], *, subscription, batch_rows: int,
+                  batch_bytes: int, verify_crc: bool) -> Iterator:
+        """:meth:`read` of each range in turn, rows in range order. A backend may join the rows
+        of several small ranges into one batch (within ``batch_rows`` and ``batch_bytes``)."""
+        for r in ranges:
+            yield from self.read(r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
+                                 batch_bytes=batch_bytes, verify_crc=verify_crc,
+                                 on_data_loss=r.on_data_loss, on_short_read=r.on_short_read)
 
     # -- group state ---------------------------------------------------------------------------
     @abc.abstractmethod

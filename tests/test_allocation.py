@@ -4,7 +4,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from rmq_source.group.allocation import (
     create_strategy,
     java_string_key,
     md5_hash,
+    sort_queues,
 )
 from rmq_source.errors import RmqAllocationError, RmqOptionError
 
@@ -132,6 +136,26 @@ def test_message_queue_str_equality_and_hash():
         mq.queue_id = 8
     clone = pickle.loads(pickle.dumps(mq))
     assert clone == mq and not clone < mq and not mq < clone
+
+
+def test_message_queue_pickled_to_another_process_hashes_there():
+    """The hash is kept per queue; another process (a Spark task) has other str hashes."""
+    code = ("import pickle, sys; from rmq_source.group.allocation import MessageQueue as M; "
+            "q = pickle.loads(sys.stdin.buffer.read()); "
+            "print({M('T\u00e9', 'broker-a', 3): 1}.get(q), M.of('T\u00e9', 'broker-a', 3) == q)")
+    out = {subprocess.run([sys.executable, "-c", code], input=pickle.dumps(MessageQueue("T\u00e9", "broker-a", 3)),
+                          capture_output=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}
+                          ).stdout.decode().strip() for seed in ("1", "2")}
+    assert out == {"1 True"}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["A", "B", "\uffff", "\U00010000"]), st.sampled_from(["a", "b"]),
+                          st.integers(0, (1 << 31) - 1)), max_size=30))
+def test_sort_queues_is_java_order(keys):
+    mqs = [MessageQueue.of(*k) for k in keys]
+    assert sort_queues(mqs) == sorted(mqs)
+    with_negative = mqs + [MessageQueue("A", "a", -5)]
+    assert sort_queues(with_negative) == sorted(with_negative)
 
 
 def test_message_queue_order_topic_then_broker_then_queue_id():

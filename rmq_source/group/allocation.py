@@ -152,6 +152,7 @@ class MessageQueue:
     _order: tuple = field(init=False, repr=False, compare=False, hash=False)
     #: (topic key, broker key, queue id): Java's order among queues with ids >= 0
     sort_key: tuple = field(init=False, repr=False, compare=False, hash=False)
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str):
@@ -166,6 +167,14 @@ class MessageQueue:
         order = (_name_key(self.topic), _name_key(self.broker_name))
         object.__setattr__(self, "_order", order)
         object.__setattr__(self, "sort_key", (*order, self.queue_id))
+        object.__setattr__(self, "_hash", hash((self.topic, self.broker_name, self.queue_id)))
+
+    def __hash__(self) -> int:
+        return self._hash      # (planning hashes every queue many times per batch)
+
+    def __reduce__(self):
+        # built again where unpickled: str hashes differ between processes (hash randomization)
+        return type(self), (self.topic, self.broker_name, self.queue_id)
 
     @classmethod
     def of(cls, topic: str, broker_name: str, queue_id: int) -> MessageQueue:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from rmq_source.backend import BackendSpec, TaskLock
+from rmq_source.backend import BackendSpec, RangeRead, TaskLock
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError
 from rmq_source.sql92.program import filter_batch, selector_program
@@ -116,35 +116,36 @@ def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     # here by the C evaluation, as RocketMQ's clients do not (a broker delivers every message for a
     # selector it cannot compile)
     program = selector_program(sub.expression) if sub.is_sql else None
-    for r in part.ranges:
-        def lost(first: int, until: int, why: str, r: RangeSpec = r) -> None:
-            msg = (f"{r.mq}: offsets [{first}, {until}) ({until - first} messages) of the planned "
-                   f"range [{r.start}, {r.end}) cannot be read: {why}")
-            if part.fail_on_data_loss:
-                raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip them")
-            log.warning("%s; skipped %d messages (failOnDataLoss=false)", msg, until - first)
+    batches = backend.read_many(
+        (_range_read(part, r) for r in part.ranges if r.start < r.end), subscription=sub,
+        batch_rows=part.batch_rows, batch_bytes=part.batch_bytes, verify_crc=part.verify_crc)
+    if program is None and part.exact_tags is None:
+        yield from batches
+        return
+    for batch in batches:
+        if program is not None:
+            batch = filter_batch(program, batch)
+        if part.exact_tags is not None:
+            keep = pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(part.exact_tags)), False)
+            batch = batch.filter(keep)
+        if batch.num_rows:
+            yield batch
 
-        if r.start >= r.end:
-            continue
-        # A task reaches the end it was planned with, or says what it could not read: retention
-        # (on_data_loss) and a queue shorter than planned or gone (on_short_read).
-        batches = backend.read(
-            r.mq, r.start, r.end, subscription=sub,
-            batch_rows=part.batch_rows, batch_bytes=part.batch_bytes, verify_crc=part.verify_crc,
-            on_data_loss=lambda first, readable, lost=lost: lost(
-                first, readable, "deleted by retention after the batch was planned"),
-            on_short_read=lost)
-        if program is None and part.exact_tags is None:
-            yield from batches
-            continue
-        for batch in batches:
-            if program is not None:
-                batch = filter_batch(program, batch)
-            if part.exact_tags is not None:
-                keep = pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(part.exact_tags)), False)
-                batch = batch.filter(keep)
-            if batch.num_rows:
-                yield batch
+
+def _range_read(part: RmqInputPartition, r: RangeSpec) -> RangeRead:
+    """A task reaches the end it was planned with, or says what it could not read: retention
+    (on_data_loss) and a queue shorter than planned or gone (on_short_read)."""
+    def lost(first: int, until: int, why: str) -> None:
+        msg = (f"{r.mq}: offsets [{first}, {until}) ({until - first} messages) of the planned "
+               f"range [{r.start}, {r.end}) cannot be read: {why}")
+        if part.fail_on_data_loss:
+            raise RmqDataLossError(msg + "; set failOnDataLoss=false to skip them")
+        log.warning("%s; skipped %d messages (failOnDataLoss=false)", msg, until - first)
+
+    return RangeRead(r.mq, r.start, r.end,
+                     lambda first, readable: lost(first, readable,
+                                                  "deleted by retention after the batch was planned"),
+                     lost)
 
 
 def build_partitions(tasks, opts, backend, lock: TaskLock | None = None,

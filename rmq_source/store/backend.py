@@ -104,20 +104,55 @@ class StoreBackend(Backend):
     # -- messages ------------------------------------------------------------------------------
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
              on_data_loss, on_short_read) -> Iterator:
+        store = self._store_to_read(mq, start, end, on_short_read)
+        if store is not None:
+            yield from store.iter_batches(mq.topic, mq.queue_id, start, end, subscription=subscription,
+                                          batch_rows=batch_rows, batch_bytes=batch_bytes,
+                                          verify_crc=verify_crc, on_data_loss=on_data_loss,
+                                          on_short_read=on_short_read)
+
+    def _store_to_read(self, mq, start, end, on_short_read) -> Store | None:
         path = self.brokers.get(mq.broker_name)
         try:
-            store = self.store(mq.broker_name)
+            return self.store(mq.broker_name)
         except RmqStoreLayoutError:
             if path is None or os.path.isdir(path):
                 raise
             # the broker's store was removed after the driver planned the batch
             on_short_read(start, end, f"the store root {path} of broker {mq.broker_name!r} no "
                                       "longer exists")
-            return
-        yield from store.iter_batches(mq.topic, mq.queue_id, start, end, subscription=subscription,
-                                      batch_rows=batch_rows, batch_bytes=batch_bytes,
-                                      verify_crc=verify_crc, on_data_loss=on_data_loss,
-                                      on_short_read=on_short_read)
+            return None
+
+    def read_many(self, ranges, *, subscription, batch_rows, batch_bytes, verify_crc) -> Iterator:
+        """The C core's batches of consecutive ranges of one broker are converted to rows
+        together, up to ``batch_rows`` rows and ``batch_bytes`` bytes: a task over many small
+        queues pays the conversion once per batch, not once per queue."""
+        held: list = []
+        rows = size = 0
+        held_by = None
+        for r in ranges:
+            store = self._store_to_read(r.mq, r.start, r.end, r.on_short_read)
+            if store is None:
+                continue
+            if held and store is not held_by:
+                yield held_by.finish_batches(held)
+                held, rows, size = [], 0, 0
+            held_by = store
+            for batch in store.iter_batches(r.mq.topic, r.mq.queue_id, r.start, r.end,
+                                            subscription=subscription, batch_rows=batch_rows,
+                                            batch_bytes=batch_bytes, verify_crc=verify_crc,
+                                            on_data_loss=r.on_data_loss,
+                                            on_short_read=r.on_short_read, raw=True):
+                n, b = batch.num_rows, batch.get_total_buffer_size()
+                if not n:
+                    continue
+                if held and (rows + n > batch_rows or size + b > batch_bytes):
+                    yield store.finish_batches(held)
+                    held, rows, size = [], 0, 0
+                held.append((batch, r.mq.topic, r.mq.queue_id))
+                rows, size = rows + n, size + b
+        if held:
+            yield held_by.finish_batches(held)
 
     # -- group state ---------------------------------------------------------------------------
     def offset_store(self, group: str):

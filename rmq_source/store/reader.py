@@ -51,9 +51,31 @@ def native_rows(batch: pa.RecordBatch, topic: str, broker_name: str, queue_id: i
     fields except for light message queues (LMQ), whose records carry the parent topic's. A body
     that does not decompress raises RmqCorruptStoreError with its record's physical offset."""
     n = batch.num_rows
-    columns = [pa.repeat(topic, n), pa.repeat(broker_name, n)]
+    return _full_rows(batch, pa.repeat(topic, n), broker_name,
+                      pa.repeat(pa.scalar(queue_id, pa.int32()), n))
+
+
+def native_rows_of_queues(parts: list[tuple[pa.RecordBatch, str, int]], broker_name: str
+                          ) -> pa.RecordBatch:
+    """:func:`native_rows` of the C core's batches of several queues of one broker, given as
+    (batch, topic, queue id), as one batch in that order (one conversion, not one per queue)."""
+    if len(parts) == 1:
+        return native_rows(parts[0][0], parts[0][1], broker_name, parts[0][2])
+    counts = np.fromiter((b.num_rows for b, _, _ in parts), dtype=np.int64, count=len(parts))
+    names: dict[str, int] = {}
+    which = np.fromiter((names.setdefault(t, len(names)) for _, t, _ in parts), dtype=np.int32,
+                        count=len(parts))
+    topics = pa.array(list(names), pa.string()).take(pa.array(np.repeat(which, counts)))
+    queue_ids = pa.array(np.repeat(np.fromiter((q for _, _, q in parts), dtype=np.int32,
+                                               count=len(parts)), counts))
+    return _full_rows(pa.concat_batches([b for b, _, _ in parts]), topics, broker_name, queue_ids)
+
+
+def _full_rows(batch: pa.RecordBatch, topics: pa.Array, broker_name: str, queue_ids: pa.Array
+               ) -> pa.RecordBatch:
+    columns = [topics, pa.repeat(broker_name, batch.num_rows)]
     columns.extend(batch.columns)
-    columns[_QUEUE_ID] = pa.repeat(pa.scalar(queue_id, pa.int32()), n)
+    columns[_QUEUE_ID] = queue_ids
     columns[_BODY] = decompress_bodies(columns[_BODY], columns[_SYS_FLAG], columns[_CL_OFFSET])
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
@@ -136,6 +158,7 @@ class Store:
         self._cq_file_size = cq_file_size
         self._segments: dict[str, dict[str, native.Segment]] = {}   # folder -> path -> mapping
         self._listings: dict[str, tuple[tuple, tuple[list, int]]] = {}  # see _segments_of
+        self._min_offsets: dict[tuple[str, int], tuple[list, int, int]] = {}  # see queue_info
         self._lock = threading.RLock()
 
     def _check_root(self) -> None:
@@ -247,8 +270,9 @@ class Store:
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         return f"{self.root}/consumequeue/{topic}/{queue_id}"
 
-    def _cq(self, topic: str, queue_id: int) -> tuple[list, int]:
-        _check_real_dirs(f"{self.root}/consumequeue/{topic}")
+    def _cq(self, topic: str, queue_id: int, topic_checked: bool = False) -> tuple[list, int]:
+        if not topic_checked:
+            _check_real_dirs(f"{self.root}/consumequeue/{topic}")
         with self._lock:
             segs, size = self._segments_of(self._queue_dir(topic, queue_id), self._cq_file_size,
                                            f"ConsumeQueue {topic}/{queue_id}", real_dir=True)
@@ -314,31 +338,44 @@ class Store:
 
     @staticmethod
     def _min_offset(segs: list, cl_min: int) -> int:
+        return Store._min_offset_found(segs, cl_min)[0]
+
+    @staticmethod
+    def _min_offset_found(segs: list, cl_min: int) -> tuple[int, bool]:
+        """(min offset, whether a written unit at or above ``cl_min`` was found: then the answer
+        holds as long as these files and ``cl_min`` do, since written units never change)."""
         for seg in segs:
             valid = native.cq_valid_units(seg)
             idx = native.cq_first_unit_at_or_above(seg, cl_min)
             if idx < valid:
-                return (seg.file_start + idx * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
+                return (seg.file_start + idx * CQ_UNIT_SIZE) // CQ_UNIT_SIZE, True
             if valid * CQ_UNIT_SIZE < seg.size:  # the live file ends here: nothing readable
-                return (seg.file_start + valid * CQ_UNIT_SIZE) // CQ_UNIT_SIZE
-        return segs[-1].file_start // CQ_UNIT_SIZE + segs[-1].size // CQ_UNIT_SIZE if segs else 0
+                return (seg.file_start + valid * CQ_UNIT_SIZE) // CQ_UNIT_SIZE, False
+        return (segs[-1].file_start // CQ_UNIT_SIZE + segs[-1].size // CQ_UNIT_SIZE if segs else 0), False
 
-    def queue_info(self, topic: str, queue_id: int, *, commitlog: native.CommitLog | None = None
-                   ) -> QueueInfo:
+    def queue_info(self, topic: str, queue_id: int, *, commitlog: native.CommitLog | None = None,
+                   _topic_checked: bool = False) -> QueueInfo:
         """Min/max offsets of one queue; ``commitlog`` (default: listed now) may be shared by
         the calls of one planning pass."""
-        segs, _ = self._cq(topic, queue_id)
+        segs, _ = self._cq(topic, queue_id, _topic_checked)
         if not segs:
             return QueueInfo(topic, queue_id, 0, 0)
         max_off = self._max_of(segs)
-        cl = self.commitlog() if commitlog is None else commitlog
-        min_off = min(self._min_offset(segs, cl.min_offset), max_off)
-        return QueueInfo(topic, queue_id, min_off, max_off)
+        cl_min = (self.commitlog() if commitlog is None else commitlog).min_offset
+        known = self._min_offsets.get((topic, queue_id))
+        if known is not None and known[0] is segs and known[1] == cl_min:
+            min_off = known[2]
+        else:
+            min_off, found = self._min_offset_found(segs, cl_min)
+            if found:      # (segs is the kept listing while the folder is unchanged)
+                self._min_offsets[(topic, queue_id)] = (segs, cl_min, min_off)
+        return QueueInfo(topic, queue_id, min(min_off, max_off), max_off)
 
     def queue_infos(self, topic: str, queue_ids) -> list[QueueInfo]:
         """:meth:`queue_info` of several queues, listing the CommitLog folder once."""
         cl = self.commitlog()
-        return [self.queue_info(topic, q, commitlog=cl) for q in queue_ids]
+        _check_real_dirs(f"{self.root}/consumequeue/{topic}")
+        return [self.queue_info(topic, q, commitlog=cl, _topic_checked=True) for q in queue_ids]
 
     def queues(self, topics: list[str] | None = None) -> list[QueueInfo]:
         """Every queue of ``topics`` (default: all topics) with its current min/max offsets."""
@@ -353,8 +390,12 @@ class Store:
                      batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
                      verify_crc: bool = False,
                      on_data_loss: DataLossCallback | None = None,
-                     on_short_read: ShortReadCallback | None = None) -> Iterator[pa.RecordBatch]:
+                     on_short_read: ShortReadCallback | None = None,
+                     raw: bool = False) -> Iterator[pa.RecordBatch]:
         """Yield the messages of queue offsets ``[start, end)`` that match ``subscription``.
+
+        ``raw=True`` yields the C core's batches (NATIVE_SCHEMA, bodies as stored) for
+        :meth:`finish_batches`, which converts the batches of many queues at once.
 
         Rows come in ascending queue offset, bodies decompressed, with the full row schema. When
         retention deleted part of the range, ``on_data_loss(first_lost, first_readable)`` is
@@ -413,7 +454,7 @@ class Store:
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc,
                                     topic=topic, queue_id=queue_id)
             if res.batch.num_rows:
-                yield self._finish(topic, queue_id, res.batch)
+                yield res.batch if raw else self._finish([(res.batch, topic, queue_id)])
             if res.status == "CL_GONE":
                 # cl is one listing and min_off comes from it; units point to growing physical
                 # offsets, so a unit at or above min_off that points below the CommitLog min is
@@ -457,9 +498,14 @@ class Store:
             return batches[0]
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]
 
-    def _finish(self, topic: str, queue_id: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def finish_batches(self, parts: list[tuple[pa.RecordBatch, str, int]]) -> pa.RecordBatch:
+        """The ``raw=True`` batches of :meth:`iter_batches`, as (batch, topic, queue id), as
+        one batch of the full row schema (rows in the given order, bodies decompressed)."""
+        return self._finish(parts)
+
+    def _finish(self, parts: list[tuple[pa.RecordBatch, str, int]]) -> pa.RecordBatch:
         try:
-            return native_rows(batch, topic, self.broker_name, queue_id)
+            return native_rows_of_queues(parts, self.broker_name)
         except RmqCorruptStoreError as exc:
             if exc.path is not None or exc.position is None or not self._cl_file_size:
                 raise
@@ -535,6 +581,7 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._listings.clear()
+            self._min_offsets.clear()
             for mapped in self._segments.values():
                 for seg in mapped.values():
                     seg.close()
