@@ -529,15 +529,23 @@ def test_slot_allocation_is_memoized_only_for_built_in_strategies():
     assert allocate_slots(mqs, built_in, "G", slots) == {"s0": mqs[:3], "s1": mqs[3:]}
 
 
-@settings(max_examples=300, deadline=None)
-@given(n_mq=st.integers(0, 40), cids=st.lists(st.sampled_from(["c1", "c2", "c3", "c10", "a", ""]),
-                                              max_size=8),
-       name=st.sampled_from(["AVG", "AVG_BY_CIRCLE"]))
-def test_allocate_all_answers_as_allocate_for_each_consumer(n_mq, cids, name):
+ONE_PASS = {
+    "AVG": {}, "AVG_BY_CIRCLE": {}, "CONSISTENT_HASH": {"virtual_node_count": 3},
+    "MACHINE_ROOM": {"consume_rooms": ["r1", "r3"]},
+    "MACHINE_ROOM_NEARBY": {"inner": "AVG"}, "MACHINE_ROOM_NEARBY-HASH": {"inner": "CONSISTENT_HASH"},
+}
+
+
+@settings(max_examples=600, deadline=None)
+@given(n_mq=st.integers(0, 40),
+       cids=st.lists(st.sampled_from(["c1", "c2", "r1@c3", "r2@c10", "r1@a", "", " ", "r3@x"]), max_size=8),
+       brokers=st.lists(st.sampled_from(["b", "r1@b", "r2@b", "r3@b", "r1@b@c"]), min_size=1, max_size=3),
+       name=st.sampled_from(sorted(ONE_PASS)))
+def test_allocate_all_answers_as_allocate_for_each_consumer(n_mq, cids, brokers, name):
     """The one-pass allocation of every consumer equals RocketMQ's per-consumer one, errors
-    included (an empty consumer id, empty lists), duplicate ids too."""
-    strategy = create_strategy(name)
-    mqs = [MessageQueue("T", "b", i) for i in range(n_mq)]
+    included (an empty or blank consumer id, empty lists), duplicate ids too."""
+    strategy = create_strategy(name.removesuffix("-HASH"), **ONE_PASS[name])
+    mqs = [MessageQueue("T", brokers[i % len(brokers)], i) for i in range(n_mq)]
 
     def outcome(fn):
         try:

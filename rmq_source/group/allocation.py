@@ -255,14 +255,15 @@ class AllocationStrategy(abc.ABC):
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-def _check_all(mq_all: Any, cid_all: Any) -> tuple[list[MessageQueue], list[str], dict[str, int]]:
+def _check_all(mq_all: Any, cid_all: Any, *, blank_cid: bool = False
+               ) -> tuple[list[MessageQueue], list[str], dict[str, int]]:
     """_check_args as the per-consumer calls meet it (the first call checks the lists, each call
     its own consumer id); the lists and each consumer's first index (Java's ``indexOf``)."""
     first_cid = cid_all[0] if isinstance(cid_all, (list, tuple)) and cid_all else None
-    mqs, cids = _check_args(first_cid, mq_all, cid_all)
+    mqs, cids = _check_args(first_cid, mq_all, cid_all, blank_cid=blank_cid)
     first: dict[str, int] = {}
     for i, cid in enumerate(cids):
-        if not cid:
+        if _java_is_blank(cid) if blank_cid else not cid:
             raise RmqAllocationError("currentCID is empty")
         first.setdefault(cid, i)
     return mqs, cids, first
@@ -414,16 +415,29 @@ class AllocateMessageQueueByMachineRoom(AllocationStrategy):
         mqs, cids = _check_args(current_cid, mq_all, cid_all, blank_cid=True)
         if current_cid not in cids:
             return []
-        index = cids.index(current_cid)
-        eligible = []
+        return self._share(self._eligible(mqs), cids.index(current_cid), len(cids))
+
+    def allocate_all(self, consumer_group, mq_all, cid_all):
+        if isinstance(cid_all, (list, tuple)) and not cid_all:
+            return {}
+        mqs, cids, first = _check_all(mq_all, cid_all, blank_cid=True)
+        eligible = self._eligible(mqs)
+        return {cid: self._share(eligible, index, len(cids)) for cid, index in first.items()}
+
+    def _eligible(self, mqs: list[MessageQueue]) -> list[MessageQueue]:
+        out = []
         for mq in mqs:
             parts = _java_split(mq.broker_name, "@")
             if len(parts) == 2 and parts[0] in self.consume_rooms:
-                eligible.append(mq)
-        per, rem = divmod(len(eligible), len(cids))
+                out.append(mq)
+        return out
+
+    @staticmethod
+    def _share(eligible: list[MessageQueue], index: int, n_cids: int) -> list[MessageQueue]:
+        per, rem = divmod(len(eligible), n_cids)
         result = eligible[per * index:per * index + per]
         if rem > index:
-            result.append(eligible[index + per * len(cids)])
+            result.append(eligible[index + per * n_cids])
         return result
 
 
@@ -518,6 +532,35 @@ class AllocateMachineRoomNearby(AllocationStrategy):
                                                   queues_by_room[room], cids))
         return result
 
+    def allocate_all(self, consumer_group, mq_all, cid_all):
+        """The inner strategy allocates each room once for all of its consumers."""
+        if isinstance(cid_all, (list, tuple)) and not cid_all:
+            return {}
+        # the first consumer's call resolves every room: its errors come before a later
+        # consumer's empty id
+        mqs, cids = _check_args(cid_all[0] if isinstance(cid_all, (list, tuple)) else None,
+                                mq_all, cid_all)
+        queues_by_room: dict[str, list[MessageQueue]] = {}
+        for mq in mqs:
+            queues_by_room.setdefault(self._resolve("broker_deploy_in", mq, "mq"), []).append(mq)
+        room_of = {cid: self._resolve("consumer_deploy_in", cid, "consumer id") for cid in cids}
+        _, _, first = _check_all(mqs, cids)
+        consumers_by_room: dict[str, list[str]] = {}
+        for cid in cids:
+            consumers_by_room.setdefault(room_of[cid], []).append(cid)
+        own = {room: self.inner.allocate_all(consumer_group, queues_by_room[room], room_cids)
+               for room, room_cids in consumers_by_room.items() if queues_by_room.get(room)}
+        shared = [self.inner.allocate_all(consumer_group, queues_by_room[room], cids)
+                  for room in sorted(queues_by_room, key=java_string_key)
+                  if room not in consumers_by_room]
+        out = {}
+        for cid in first:
+            got = list(own.get(room_of[cid], {}).get(cid, ()))
+            for by_cid in shared:
+                got.extend(by_cid.get(cid, ()))
+            out[cid] = got
+        return out
+
 
 class AllocateMessageQueueConsistentHash(AllocationStrategy):
     """``AllocateMessageQueueConsistentHash`` ("CONSISTENT_HASH").
@@ -560,6 +603,18 @@ class AllocateMessageQueueConsistentHash(AllocationStrategy):
         mqs, cids = _check_args(current_cid, mq_all, cid_all)
         if current_cid not in cids:
             return []
+        return self._owned(mqs, cids).get(current_cid, [])
+
+    def allocate_all(self, consumer_group, mq_all, cid_all):
+        """One ring for all consumers (a ring per consumer costs O(consumers x queues))."""
+        if isinstance(cid_all, (list, tuple)) and not cid_all:
+            return {}
+        mqs, cids, first = _check_all(mq_all, cid_all)
+        owned = self._owned(mqs, cids)
+        return {cid: owned.get(cid, []) for cid in first}
+
+    def _owned(self, mqs: list[MessageQueue], cids: list[str]) -> dict[str, list[MessageQueue]]:
+        """Each consumer's queues on the ring of ``cids``, in ``mqs`` order."""
         ring: dict[int, str] = {}
         replicas: Counter[str] = Counter()
         for cid in cids:
@@ -571,16 +626,14 @@ class AllocateMessageQueueConsistentHash(AllocationStrategy):
                     replicas[previous] -= 1
                 ring[point] = cid
                 replicas[cid] += 1
+        out: dict[str, list[MessageQueue]] = {}
         if not ring:
-            return []
+            return out
         points = sorted(ring)
-        result = []
         for mq in mqs:
             at = bisect.bisect_left(points, self._hash(str(mq)))
-            owner = ring[points[at] if at < len(points) else points[0]]
-            if owner == current_cid:
-                result.append(mq)
-        return result
+            out.setdefault(ring[points[at] if at < len(points) else points[0]], []).append(mq)
+        return out
 
 
 # --------------------------------------------------------------------------------------------
