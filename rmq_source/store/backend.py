@@ -126,7 +126,8 @@ class StoreBackend(Backend):
     def read_many(self, ranges, *, subscription, batch_rows, batch_bytes, verify_crc) -> Iterator:
         """The C core's batches of consecutive ranges of one broker are converted to rows
         together, up to ``batch_rows`` rows and ``batch_bytes`` bytes: a task over many small
-        queues pays the conversion once per batch, not once per queue."""
+        queues pays the conversion once per batch, not once per queue. A batch is handed out
+        as soon as it is full, before more is read."""
         held: list = []
         rows = size = 0
         held_by = None
@@ -151,6 +152,10 @@ class StoreBackend(Backend):
                     held, rows, size = [], 0, 0
                 held.append((batch, r.mq.topic, r.mq.queue_id))
                 rows, size = rows + n, size + b
+                if rows >= batch_rows or size >= batch_bytes // 2:
+                    # a full batch goes before anything more is read (nothing read ahead of it)
+                    yield store.finish_batches(held)
+                    held, rows, size = [], 0, 0
         if held:
             yield held_by.finish_batches(held)
 
