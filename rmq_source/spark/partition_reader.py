@@ -81,9 +81,8 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
 def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
     """``batches`` with consecutive small ones joined: each output holds at most ``max_rows`` rows
     and ``max_bytes`` bytes of buffers (a slice counts its whole buffers) unless one input alone is
-    larger (passed through as it is);
-    rows keep their order. Joining copies, so only batches under a quarter of either limit are
-    held back for it."""
+    larger (passed through as it is); rows keep their order. Joining copies, so only batches under
+    a quarter of either limit are held back for it, and a full join goes out at once."""
     held: list[pa.RecordBatch] = []
     rows = size = 0
     for batch in batches:
@@ -101,6 +100,9 @@ def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -
             continue
         held.append(batch)
         rows, size = rows + n, size + b
+        if rows >= max_rows or size >= max_bytes // 2:
+            yield _joined(held)
+            held, rows, size = [], 0, 0
     if held:
         yield _joined(held)
 

@@ -43,9 +43,9 @@ class ReadTask:
     ranges: tuple[QueueRange, ...]
 
 
-#: A queue's fixed cost in a task (opening its files or its pull stream, the first request, the
-#: Python around each range) as the bytes the task decodes meanwhile: measured with the store
-#: mode, where a queue of a few small messages costs about as much as 64 KiB of messages.
+#: A queue's fixed cost in a task (finding its files or its broker, the first scan or pull, the
+#: Python around each range) as bytes of rows: in the store mode a queue of a few small messages
+#: costs a task about 0.1 ms (bench/bench_scale.py), what Spark takes about 64 KiB of rows in.
 QUEUE_COST_BYTES = 64 << 10
 #: The bytes per queue offset assumed for a topic when no message could be sampled.
 UNSAMPLED_OFFSET_BYTES = 1024

@@ -159,6 +159,7 @@ class Store:
         self._segments: dict[str, dict[str, native.Segment]] = {}   # folder -> path -> mapping
         self._listings: dict[str, tuple[tuple, tuple[list, int]]] = {}  # see _segments_of
         self._min_offsets: dict[tuple[str, int], tuple[list, int, int]] = {}  # see queue_info
+        self._commitlog: tuple[list, int, native.CommitLog] | None = None
         self._lock = threading.RLock()
 
     def _check_root(self) -> None:
@@ -257,7 +258,8 @@ class Store:
         return [self._segment(folder, p, s) for s, p in files], file_size
 
     def commitlog(self) -> native.CommitLog:
-        """The CommitLog as currently on disk (re-listed on every call)."""
+        """The CommitLog as currently on disk (its folder looked at on every call; the same
+        object while the listing is kept, see :meth:`_segments_of`)."""
         with self._lock:
             segs, size = self._segments_of(os.path.join(self.root, "commitlog"), self._cl_file_size,
                                            "CommitLog")
@@ -265,7 +267,12 @@ class Store:
                 self._check_root()
             if size and self._cl_file_size is None:
                 self._cl_file_size = size
-            return native.CommitLog(segs, size or 1)
+            kept = self._commitlog
+            if kept is not None and kept[0] is segs and kept[1] == size:
+                return kept[2]
+            cl = native.CommitLog(segs, size or 1)
+            self._commitlog = (segs, size, cl)
+            return cl
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         return f"{self.root}/consumequeue/{topic}/{queue_id}"
@@ -582,6 +589,7 @@ class Store:
         with self._lock:
             self._listings.clear()
             self._min_offsets.clear()
+            self._commitlog = None
             for mapped in self._segments.values():
                 for seg in mapped.values():
                     seg.close()
