@@ -13,7 +13,7 @@ from rmq_source.spark.batch_reader import plan_batch
 from rmq_source.spark.options import parse_options
 from rmq_source.spark.partition_reader import coalesce, read_partition
 from rmq_source.spark.planner import QUEUE_COST_BYTES, QueueRange, TaskSizing, plan_tasks
-from rmq_source.spark.sizing import CQ_UNIT_BYTES, task_sizing
+from rmq_source.spark.sizing import CQ_UNIT_BYTES, SAMPLE_MESSAGES, SAMPLE_WINDOWS, _windows, task_sizing
 from rmq_source.spark.query import open_backend
 from rmq_source.store.writer import StoreWriter
 
@@ -168,3 +168,20 @@ def test_sampled_weight_follows_the_subscription(many_queues):
     assert task_sizing(_opts(many_queues, numPartitions="3"), backend, ranges) is None
     known = {"M": 7.0}
     assert task_sizing(_opts(many_queues), backend, ranges, known).offset_bytes == {"M": 7.0}
+
+
+@given(start=st.integers(0, 1 << 40), size=st.integers(0, 10**7))
+def test_sample_windows_are_inside_the_range_and_apart(start, size):
+    r = QueueRange(MessageQueue("T", "b", 0), start, start + size)
+    windows = _windows(r)
+    assert windows == _windows(r)
+    assert all(r.start <= a < b <= r.end for a, b in windows) or not size
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(windows, windows[1:]))
+    assert sum(b - a for a, b in windows) <= min(size, SAMPLE_WINDOWS * SAMPLE_MESSAGES)
+
+
+def test_sample_windows_do_not_follow_a_period():
+    """Runs of alike messages at a period (a producer sending batches) are not all met: the
+    windows of a 250,000-offset range fall in different places of a 2,500-offset period."""
+    r = QueueRange(MessageQueue("T", "b", 0), 0, 250_000)
+    assert len({a % 2500 // 100 for a, _ in _windows(r)}) >= SAMPLE_WINDOWS // 2

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 _SIZE = operator.attrgetter("size")
 
 SAMPLE_QUEUES = 4       # per topic: the ones with the largest ranges
-SAMPLE_MESSAGES = 16    # per queue, from the start of its range
+SAMPLE_WINDOWS = 8      # per queue, spread over its range (producers send runs of alike messages)
+SAMPLE_MESSAGES = 2     # per window
 CQ_UNIT_BYTES = 20      # what a filtered-out message costs: its ConsumeQueue unit is read
 
 
@@ -23,8 +24,8 @@ def task_sizing(opts, backend, ranges: list[QueueRange], known: dict[str, float]
                 ) -> TaskSizing | None:
     """The sizing of ``ranges`` under ``opts``; None with ``numPartitions`` (it fixes the slots).
 
-    A topic's bytes per queue offset are sampled by reading the first messages of its largest
-    ranges with the query's subscription: the stored bytes of the messages it keeps, per offset
+    A topic's bytes per queue offset are sampled by reading a few messages at spread points of its
+    largest ranges with the query's subscription: the stored bytes of the messages it keeps, per offset
     read, plus the ConsumeQueue unit every offset costs (a tag filter keeping 1% makes a range
     light). ``known`` (topic -> bytes per offset) is consulted first and filled with what is
     sampled, so a streaming query samples a topic once (a live sample pulls messages).
@@ -44,21 +45,39 @@ def task_sizing(opts, backend, ranges: list[QueueRange], known: dict[str, float]
 
 
 def _sample(opts, backend, ranges: list[QueueRange]) -> float | None:
-    """Bytes per queue offset over the first messages of ``ranges``; None when nothing could be
-    read (the sizing then assumes a size; the tasks report what they cannot read)."""
+    """Bytes per queue offset over a few windows of ``ranges``; None when nothing could be read
+    (the sizing then assumes a size; the tasks report what they cannot read)."""
     offsets = kept_bytes = 0
     for r in ranges:
-        end = min(r.end, r.start + SAMPLE_MESSAGES)
-        try:
-            for batch in backend.read(r.mq, r.start, end, subscription=opts.subscription,
-                                      batch_rows=SAMPLE_MESSAGES, batch_bytes=opts.batch_bytes,
-                                      verify_crc=False, on_data_loss=_ignore, on_short_read=_ignore):
-                kept_bytes += pc.sum(batch.column("storeSize")).as_py() or 0
-        except RmqSourceError as exc:
-            log.debug("no sample of %s for the task sizing: %s", r.mq, exc)
-            continue
-        offsets += end - r.start
+        for start, end in _windows(r):
+            try:
+                for batch in backend.read(r.mq, start, end, subscription=opts.subscription,
+                                          batch_rows=SAMPLE_MESSAGES, batch_bytes=opts.batch_bytes,
+                                          verify_crc=False, on_data_loss=_ignore, on_short_read=_ignore):
+                    kept_bytes += pc.sum(batch.column("storeSize")).as_py() or 0
+            except RmqSourceError as exc:
+                log.debug("no sample of %s for the task sizing: %s", r.mq, exc)
+                continue
+            offsets += end - start
     return CQ_UNIT_BYTES + kept_bytes / offsets if offsets else None
+
+
+def _windows(r: QueueRange) -> list[tuple[int, int]]:
+    """The sample windows ``[start, end)`` of ``r``, not overlapping: the whole range when it is
+    small, else windows at golden-ratio steps over it, so they meet no period of the data (evenly
+    spaced ones can all land on runs of one kind); the same for the same range."""
+    if r.size <= SAMPLE_WINDOWS * SAMPLE_MESSAGES:
+        return [(r.start, r.end)]
+    span = r.size - SAMPLE_MESSAGES + 1
+    out: list[tuple[int, int]] = []
+    for start in sorted(r.start + int(((k + 1) * _GOLDEN) % 1.0 * span) for k in range(SAMPLE_WINDOWS)):
+        start = max(start, out[-1][1] if out else start)
+        if start < r.end:
+            out.append((start, min(r.end, start + SAMPLE_MESSAGES)))
+    return out
+
+
+_GOLDEN = 0.6180339887498949
 
 
 def _ignore(*_args) -> None:
