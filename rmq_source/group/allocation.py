@@ -77,14 +77,18 @@ def sort_queues(mqs: Iterable[MessageQueue]) -> list[MessageQueue]:
     Python comparison per pair) when every queue id is >= 0, where the int32 difference Java
     compares cannot wrap. Other items (tests share limits by name) sort as they compare."""
     out = list(mqs)
-    if all(isinstance(mq, MessageQueue) and mq.queue_id >= 0 for mq in out):
-        out.sort(key=_SORT_KEY)
-    else:
+    try:
+        if out and min(map(_QUEUE_ID, out)) < 0:
+            out.sort()
+        else:
+            out.sort(key=_SORT_KEY)
+    except AttributeError:       # not MessageQueues
         out.sort()
     return out
 
 
 _SORT_KEY = operator.attrgetter("sort_key")
+_QUEUE_ID = operator.attrgetter("queue_id")
 _INTERNED: dict[tuple, MessageQueue] = {}
 _INTERNED_MAX = 1 << 20
 

@@ -132,9 +132,9 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = {mq: min(v, self._target.get(mq, 0)) for mq, v in latest.items()}
         return latest
 
-    def _starts_with_new_queues(self, start: dict, mqs) -> dict[MessageQueue, int]:
+    def _starts_with_new_queues(self, start: dict[MessageQueue, int], mqs) -> dict[MessageQueue, int]:
         """``start`` plus queues discovered since, which begin at their current min offset."""
-        starts = from_json_dict(start, what="start offset")
+        starts = dict(start)
         new = [mq for mq in mqs if mq not in starts]
         if new:   # (one of a broker that does not answer is new again at the next batch)
             infos, _ = self.backend.infos_reachable(new)
@@ -147,7 +147,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(self.strategy, UserStrategy):   # asked once per batch (see AskedOnce)
             self._batch_strategy = AskedOnce(self.strategy)
         self._commit_previous(start_map)
-        starts = self._starts_with_new_queues(start, self._queues(start_map))
+        starts = self._starts_with_new_queues(start_map, self._queues(start_map))
         mqs = sort_queues(starts)
         # only the query's own first batch: a restarted process asks initialOffset too (to re-run
         # the first batch) and then plans later batches, where the group's progress counts
