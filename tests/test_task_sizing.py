@@ -185,3 +185,26 @@ def test_sample_windows_do_not_follow_a_period():
     windows of a 250,000-offset range fall in different places of a 2,500-offset period."""
     r = QueueRange(MessageQueue("T", "b", 0), 0, 250_000)
     assert len({a % 2500 // 100 for a, _ in _windows(r)}) >= SAMPLE_WINDOWS // 2
+
+
+def test_sampling_is_bounded_per_plan(tmp_path):
+    """Many topics: the largest SAMPLE_TOPICS are sampled (a live sample pulls), the rest weigh
+    their mean; a streaming query samples the rest at later plans (``known`` grows)."""
+    from rmq_source.spark.sizing import SAMPLE_TOPICS
+    root = tmp_path / "store"
+    topics = [f"T{i:02d}" for i in range(SAMPLE_TOPICS + 3)]
+    with StoreWriter(str(root), broker_name="broker-a") as w:
+        for i, t in enumerate(topics):
+            w.create_topic(t, 1)
+            for _ in range(2 + i):               # later topics have more to read
+                w.append(t, b"z" * (100 * (i + 1)), queue_id=0)
+    opts = parse_options({"storePath": str(root), "topicPattern": "T.*"}, streaming=False)
+    backend = open_backend(opts)
+    ranges = [QueueRange(MessageQueue(t, "broker-a", 0), 0, 2 + i) for i, t in enumerate(topics)]
+    known: dict[str, float] = {}
+    weights = task_sizing(opts, backend, ranges, known).offset_bytes
+    assert sorted(known) == topics[3:]           # the largest, sampled
+    mean = sum(known.values()) / len(known)
+    assert all(weights[t] == mean for t in topics[:3]) and set(weights) == set(topics)
+    task_sizing(opts, backend, ranges, known)
+    assert sorted(known) == topics               # the rest at the next plan

@@ -14,6 +14,7 @@ from rmq_source.spark.planner import QueueRange, TaskSizing, default_parallelism
 log = logging.getLogger(__name__)
 _SIZE = operator.attrgetter("size")
 
+SAMPLE_TOPICS = 8       # per plan: the ones with the most offsets to read (a live sample pulls)
 SAMPLE_QUEUES = 4       # per topic: the ones with the largest ranges
 SAMPLE_WINDOWS = 8      # per queue, spread over its range (producers send runs of alike messages)
 SAMPLE_MESSAGES = 2     # per window
@@ -27,8 +28,9 @@ def task_sizing(opts, backend, ranges: list[QueueRange], known: dict[str, float]
     A topic's bytes per queue offset are sampled by reading a few messages at spread points of its
     largest ranges with the query's subscription: the stored bytes of the messages it keeps, per offset
     read, plus the ConsumeQueue unit every offset costs (a tag filter keeping 1% makes a range
-    light). ``known`` (topic -> bytes per offset) is consulted first and filled with what is
-    sampled, so a streaming query samples a topic once (a live sample pulls messages).
+    light). At most :data:`SAMPLE_TOPICS` topics are sampled per plan, the largest; the others
+    weigh the mean of those. ``known`` (topic -> bytes per offset) is consulted first and filled
+    with what is sampled, so a streaming query samples a topic once (a live sample pulls).
     """
     if opts.num_partitions:
         return None
@@ -37,11 +39,16 @@ def task_sizing(opts, backend, ranges: list[QueueRange], known: dict[str, float]
     for r in ranges:
         if r.size > 0 and r.mq.topic not in known:
             by_topic.setdefault(r.mq.topic, []).append(r)
-    for topic, rs in by_topic.items():
-        per_offset = _sample(opts, backend, heapq.nlargest(SAMPLE_QUEUES, rs, key=_SIZE))
+    largest = sorted(by_topic, key=lambda t: (-sum(r.size for r in by_topic[t]), t))
+    for topic in largest[:SAMPLE_TOPICS]:
+        per_offset = _sample(opts, backend, heapq.nlargest(SAMPLE_QUEUES, by_topic[topic], key=_SIZE))
         if per_offset is not None:
             known[topic] = per_offset
-    return TaskSizing(opts.min_partitions or default_parallelism(), opts.max_partition_bytes, dict(known))
+    weights = dict(known)
+    if len(largest) > SAMPLE_TOPICS and known:
+        mean = sum(known.values()) / len(known)
+        weights.update((t, mean) for t in largest[SAMPLE_TOPICS:] if t not in known)
+    return TaskSizing(opts.min_partitions or default_parallelism(), opts.max_partition_bytes, weights)
 
 
 def _sample(opts, backend, ranges: list[QueueRange]) -> float | None:
