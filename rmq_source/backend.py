@@ -167,6 +167,10 @@ class Backend(abc.ABC):
         through ``on_data_loss``; a range that ends short of ``end`` (queue shorter or gone)
         through ``on_short_read``. Nothing is skipped silently."""
 
+    def check_subscription(self, subscription, mqs: Iterable[MessageQueue]) -> None:
+        """Raise RmqOptionError when a broker of ``mqs`` would not evaluate ``subscription`` as
+        the query does (the store mode evaluates everything itself: nothing to check)."""
+
     def read_many(self, ranges: Iterable[RangeRead], *, subscription, batch_rows: int,
                   batch_bytes: int, verify_crc: bool) -> Iterator:
         """:meth:`read` of each range in turn, rows in range order. A backend may join the rows

@@ -200,3 +200,13 @@ def test_implied_tags():
     for text, tags in cases.items():
         got = implied_tags(parse(text))
         assert (set(got) if got is not None else None) == tags, text
+
+
+@pytest.mark.parametrize("selector, tests", [
+    ("a = 1", set()), ("s CONTAINS 'x'", {"CONTAINS"}),
+    ("a = 1 AND (b NOT STARTSWITH 'y' OR NOT (c ENDSWITH 'z'))", {"STARTSWITH", "ENDSWITH"}),
+    (" OR ".join(f"p{i} = 'v'" for i in range(2000)) + " OR q CONTAINS 'x'", {"CONTAINS"}),
+])
+def test_string_tests_found_anywhere(selector, tests):
+    from rmq_source.sql92.nodes import string_tests
+    assert string_tests(compile_selector(selector).root) == tests

@@ -184,3 +184,38 @@ def test_a_broker_without_property_filtering_is_a_clear_error(no_filter_cluster,
     with pytest.raises(RmqBrokerError, match="broker broker-a does not filter messages by SQL92 .*"
                                              "enablePropertyFilter=true"):
         _task_rows(spec, topic, 1, "a = '1'")
+
+
+def test_string_predicates_are_refused_where_the_broker_does_not_know_them(rocketmq, sql_topic):
+    """CONTAINS/STARTSWITH/ENDSWITH came with RocketMQ 5.1.3. A 4.9 broker takes ``s NOT CONTAINS
+    'b'`` for ``s`` and delivers other messages, which no client-side recheck can bring back: the
+    live query is refused at planning, naming the broker's version; a 5.x broker evaluates it."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from rmq_source.spark.batch_reader import plan_batch
+    from rmq_source.spark.options import parse_options
+    from rmq_source.spark.stream_reader import RmqStreamReader
+
+    topic, stored = sql_topic
+    selector = "s NOT CONTAINS 'b'"
+    expected = sorted(_ours(selector, stored))
+    assert 0 < len(expected) < len(stored)
+    base = {"namesrvAddr": rocketmq.namesrv_addr, "topic": topic, "expressionType": "SQL92",
+            "subExpression": selector}
+    stream = RmqStreamReader(parse_options({**base, "startingOffsets": "earliest"}, streaming=True))
+    if rocketmq.version.startswith("4."):
+        with RemotingClient(timeout=15) as client:
+            delivered = broker_selects(client, rocketmq.brokers["broker-a"].addr, topic, len(stored),
+                                       selector, f"sql92_old_{uuid.uuid4().hex[:6]}")
+        assert delivered != set(expected)              # why the query must be refused
+        for plan in (lambda: plan_batch(parse_options(base, streaming=False)),
+                     lambda: stream.latestOffset(stream.initialOffset(), ReadAllAvailable())):
+            with pytest.raises(RmqOptionError, match=r"subExpression uses CONTAINS.*5\.1\.3.*broker "
+                                                     r"broker-a answers as version 40\d"):
+                plan()
+        return
+    parts = plan_batch(parse_options(base, streaming=False))
+    assert sorted(o for p in parts for b in read_partition(p) for o in b.column("queueOffset").to_pylist()) \
+        == expected
+    end = stream.latestOffset(stream.initialOffset(), ReadAllAvailable())
+    assert end[topic]["broker-a"]["0"] == len(stored)
+    stream.stop()

@@ -39,6 +39,8 @@ from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
 from rmq_source.remote.client import RemotingClient, auth_error, check, is_auth_failure
+from rmq_source.sql92 import compile_selector
+from rmq_source.sql92.nodes import string_tests
 from rmq_source.subscription import Subscription
 
 PERM_READ = 4
@@ -75,6 +77,10 @@ def _explain_filter_refusal(pulls, mq: MessageQueue):
             "it, or select by tags (expressionType=TAG)", code=exc.code, remark=exc.remark,
             peer=exc.peer, request=exc.request) from None
 
+
+#: MQVersion.Version.V5_1_3.ordinal(): the first broker whose SQL92 filter has CONTAINS,
+#: STARTSWITH and ENDSWITH (4.9.7 answers 407, 5.3.3 479)
+_STRING_TESTS_SINCE = 439
 
 _BACKENDS: dict["ClusterBackendSpec", "ClusterBackend"] = {}
 _LOCK = threading.Lock()
@@ -220,6 +226,34 @@ class ClusterBackend(Backend):
             raise RmqUnknownTopicError(str(exc)) from None
 
     # -- offsets -------------------------------------------------------------------------------
+    def check_subscription(self, subscription, mqs: Iterable[MessageQueue]) -> None:
+        """A SQL92 selector with CONTAINS/STARTSWITH/ENDSWITH needs RocketMQ 5.1.3 or newer on
+        every broker it is sent to: an older one reads ``s CONTAINS 'b'`` as ``s``, ignores the
+        rest and delivers other messages than the selector selects, which the client's recheck
+        cannot bring back. A broker's version is the one its answers carry."""
+        if not subscription.is_sql:
+            return
+        tests = string_tests(compile_selector(subscription.expression).root)
+        if not tests:
+            return
+        topic_of: dict[str, str] = {}
+        for mq in mqs:
+            topic_of.setdefault(mq.broker_name, mq.topic)
+        for broker, topic in sorted(topic_of.items()):
+            version = self._call(broker, lambda addr, topic=topic: self._version_of(addr, topic))
+            if 0 < version < _STRING_TESTS_SINCE:
+                raise RmqOptionError(
+                    f"option subExpression uses {', '.join(sorted(tests))}, which RocketMQ's "
+                    f"SQL92 filter knows since 5.1.3, but broker {broker} answers as version "
+                    f"{version} (older): it would take {subscription.expression!r} for something "
+                    "else and deliver other messages; upgrade the brokers, or write the selector "
+                    "without these predicates (e.g. LIKE)")
+
+    def _version_of(self, addr: str, topic: str) -> int:
+        if addr not in self.client.peer_versions:
+            rq.topic_stats(self.client, addr, topic)       # any answer carries the version
+        return self.client.peer_versions[addr]
+
     def infos(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, QueueInfo]:
         found, down = self.infos_reachable(mqs)
         for exc in down.values():

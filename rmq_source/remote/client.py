@@ -408,6 +408,9 @@ class RemotingClient:
         self.on_request = on_request
         self._conns: dict[str, Connection] = {}
         self._lock = threading.Lock()
+        #: address -> the ``version`` of its last answer (a broker answers with its own
+        #: MQVersion ordinal: 407 = 4.9.7, 439 = 5.1.3)
+        self.peer_versions: dict[str, int] = {}
 
     def connection(self, addr: str) -> Connection:
         with self._lock:
@@ -435,6 +438,7 @@ class RemotingClient:
         """The answer of ``call``; with ``ok`` other codes raise RmqBrokerError, a refusal of the
         credentials RmqAuthError (whatever ``ok``)."""
         resp = call.result()
+        self.peer_versions[call.conn.addr] = resp.version
         if is_auth_failure(resp):
             raise auth_error(resp, describe(call.cmd), call.conn.addr, self.credentials)
         if ok is not None and resp.code not in ok:

@@ -29,6 +29,7 @@ def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
     # filter is checked for data loss as without pushdown
     mqs = discover_queues(backend, opts)
     infos = backend.infos(mqs)      # one snapshot for the starts, the ends and the checks
+    backend.check_subscription(opts.subscription, mqs)
     starts = starting_offsets(backend, mqs, opts, open_group_store(opts, backend), infos)
     ends = ending_offsets(backend, mqs, opts, infos)
     # the timestamp search answers the first message at or after a time only in the store mode

@@ -183,6 +183,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tries = 0
         while True:
             infos = self._reachable_infos(mqs)
+            self.backend.check_subscription(self.opts.subscription, infos)
             latest = self._latest(infos, infos)
             try:
                 read, end = self._plan(mqs, starts, latest, infos, limit, fresh)

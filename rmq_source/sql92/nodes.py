@@ -9,6 +9,7 @@ the brokers deliver.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rmq_source.sql92.javavalues import (BOOL, DOUBLE, NUMERIC, STR, EvalError, java_compare,
@@ -256,6 +257,21 @@ class StringTest(Node):
     def __str__(self):
         search = "'" + self.search.replace("'", "''") + "'"
         return f"({self.operand} {'NOT ' if self.negated else ''}{self.kind} {search})"
+
+
+def string_tests(node: Node) -> frozenset[str]:
+    """The string predicates (CONTAINS, STARTSWITH, ENDSWITH) ``node`` uses: RocketMQ added them
+    in 5.1.3; an older broker reads ``s CONTAINS 'b'`` as ``s`` and ignores the rest."""
+    found, todo = set(), [node]
+    while todo:                       # (iterative: chains of thousands of terms)
+        n = todo.pop()
+        if isinstance(n, StringTest):
+            found.add(n.kind)
+        for f in dataclasses.fields(n):
+            v = getattr(n, f.name)
+            if isinstance(v, Node):
+                todo.append(v)
+    return frozenset(found)
 
 
 def implied_tags(node: Node) -> frozenset | None:
