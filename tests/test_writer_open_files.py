@@ -1,6 +1,6 @@
 """The writer keeps a bounded number of files open whatever the number of queues (issue 15): at
-most ``max_open_queue_files`` ConsumeQueue files mapped, the oldest mapping closed first and
-fsync-ed by flush(); what it wrote reads back whole, after a reopen too, and the CLI generates
+most ``max_open_queue_files`` ConsumeQueue files mapped, the other queues written with pwrite
+(the same bytes) and fsync-ed by flush(); what it wrote reads back whole, after a reopen too, and the CLI generates
 thousands of queues under a small descriptor limit."""
 from __future__ import annotations
 
@@ -55,3 +55,25 @@ def test_generate_thousands_of_queues_under_a_small_descriptor_limit(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = Store(str(tmp_path / "s"))
     assert sum(store.queue_info("Wide", q).max_offset for q in range(3000)) == 6000
+
+
+def test_queues_without_a_mapping_write_the_same_bytes(tmp_path):
+    """Queues that find no room for a mapping write their units with pwrite: the ConsumeQueue
+    files are byte for byte those of a writer that maps every queue (file boundaries, the last
+    unit of a file, a reopen that recovers the offsets)."""
+    def write(root, limit):
+        for round_ in range(2):
+            with StoreWriter(root, max_open_queue_files=limit, cq_units_per_file=8) as w:
+                if not round_:
+                    w.create_topic("P", 40)
+                for i in range(500):
+                    w.append("P", b"p%d-%d" % (round_, i), queue_id=(i * 7) % 40, tags="t%d" % (i % 5),
+                             store_timestamp=1_700_000_000_000 + 1000 * round_ + i,
+                             born_timestamp=1_700_000_000_000 + i)
+
+    write(tmp_path / "mapped", 1024)
+    write(tmp_path / "pwrite", 16)
+    for q in range(40):
+        a, b = (sorted((tmp_path / s / "consumequeue" / "P" / str(q)).iterdir()) for s in ("mapped", "pwrite"))
+        assert [p.name for p in a] == [p.name for p in b]
+        assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b)), q

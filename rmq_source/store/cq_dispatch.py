@@ -1,14 +1,17 @@
 """ConsumeQueue dispatch: one 20-byte unit per message of a queue (physical offset, size, tags
 code), files created on demand; the size is written last, so a reader that sees a valid unit sees
 all of it. At most ``max_open_queue_files`` files are mapped at once, whatever the number of
-queues: the mapping made longest ago is closed when another is needed (its queue maps it again
-on its next message)."""
+queues: a queue's file is mapped while there is room, and a queue that finds no room writes its
+units with ``pwrite`` through a descriptor opened for the write. (Closing mappings to make room
+made every write of queues taken in turn fault on a fresh mapping, milliseconds each.)"""
 from __future__ import annotations
 
 import mmap
+import os
 import resource
 from pathlib import Path
 
+from rmq_source.errors import RmqStoreLayoutError
 from rmq_source.store import record_codec as rc
 from rmq_source.store.mapped_files import MappedFile, file_name, list_files
 from rmq_source.subscription import tags_code
@@ -75,10 +78,42 @@ class ConsumeQueueDispatch:
         aligned 4-byte store, so a reader that sees size > 0 also sees the rest."""
         off = q.next_offset
         if q.file is None or not (q.file_first <= off < q.file_end):
+            if q.file is None and len(self._mapped_queues) >= self.max_open_queue_files:
+                self._write_unit_unmapped(q, off, phy, size, code)
+                return
             self._map_queue_file(q, off)
         pos = (off - q.file_first) * 20
         _CQ_PACK(q.mm, pos, phy, 0, code)
         q.mm[pos + 8:pos + 12] = size.to_bytes(4, "big")    # size > 0 makes the unit valid: last
+        q.next_offset = off + 1
+
+    def _write_unit_unmapped(self, q: QueueState, off: int, phy: int, size: int, code: int) -> None:
+        """:meth:`_put_unit` through ``pwrite`` (same bytes, same order: the size last); the file
+        is created as the mapped path creates it and fsync-ed by the next flush()."""
+        first = off - off % self.cq_units_per_file
+        path = q.folder / file_name(first * rc.CQ_UNIT_SIZE)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:            # the queue's first file: its folder is made now
+            q.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual == 0:
+                os.ftruncate(fd, self.cq_file_size)
+                if off > first and not list_files(q.folder)[:-1]:
+                    # first file of a queue starting mid-file: pre-blank units, as the broker
+                    os.pwrite(fd, rc.encode_cq_unit(0, 0x7FFFFFFF, 0) * (off - first), 0)
+            elif actual != self.cq_file_size:
+                raise RmqStoreLayoutError(f"{path}: file is {actual} bytes, expected {self.cq_file_size} "
+                                          "(every mapped file of a queue has the same size)")
+            pos = (off - first) * rc.CQ_UNIT_SIZE
+            os.pwrite(fd, phy.to_bytes(8, "big", signed=True), pos)
+            os.pwrite(fd, code.to_bytes(8, "big", signed=True), pos + 12)
+            os.pwrite(fd, size.to_bytes(4, "big"), pos + 8)      # size > 0 makes the unit valid: last
+        finally:
+            os.close(fd)
+        self._closed_unsynced.add(path)
         q.next_offset = off + 1
 
     def _unmap(self, q: QueueState) -> None:
