@@ -11,9 +11,8 @@ import os
 import resource
 from pathlib import Path
 
-from rmq_source.errors import RmqStoreLayoutError
 from rmq_source.store import record_codec as rc
-from rmq_source.store.mapped_files import MappedFile, file_name, list_files
+from rmq_source.store.mapped_files import MappedFile, file_name, list_files, open_full_size
 from rmq_source.subscription import tags_code
 
 _CQ_PACK = rc.CQ_UNIT.pack_into
@@ -33,6 +32,15 @@ class QueueState:
         self.file_first = 0   # queue offset of the first unit of the mapped file
         self.file_end = 0     # one past its last unit
 
+
+
+def _pre_blank(q: QueueState, offset: int, first: int) -> bytes:
+    """What a new file of ``q`` starting at unit ``first`` holds before unit ``offset``: nothing,
+    unless it is the queue's first file and the queue starts mid-file, which the broker fills
+    with pre-blank units (0, 0x7FFFFFFF, 0)."""
+    if offset > first and not list_files(q.folder)[:-1]:
+        return rc.encode_cq_unit(0, 0x7FFFFFFF, 0) * (offset - first)
+    return b""
 
 
 def default_open_queue_files() -> int:
@@ -93,20 +101,13 @@ class ConsumeQueueDispatch:
         first = off - off % self.cq_units_per_file
         path = q.folder / file_name(first * rc.CQ_UNIT_SIZE)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd, new = open_full_size(path, self.cq_file_size, create=True)
         except FileNotFoundError:            # the queue's first file: its folder is made now
             q.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd, new = open_full_size(path, self.cq_file_size, create=True)
         try:
-            actual = os.fstat(fd).st_size
-            if actual == 0:
-                os.ftruncate(fd, self.cq_file_size)
-                if off > first and not list_files(q.folder)[:-1]:
-                    # first file of a queue starting mid-file: pre-blank units, as the broker
-                    os.pwrite(fd, rc.encode_cq_unit(0, 0x7FFFFFFF, 0) * (off - first), 0)
-            elif actual != self.cq_file_size:
-                raise RmqStoreLayoutError(f"{path}: file is {actual} bytes, expected {self.cq_file_size} "
-                                          "(every mapped file of a queue has the same size)")
+            if new:
+                os.pwrite(fd, _pre_blank(q, off, first), 0)
             pos = (off - first) * rc.CQ_UNIT_SIZE
             os.pwrite(fd, phy.to_bytes(8, "big", signed=True), pos)
             os.pwrite(fd, code.to_bytes(8, "big", signed=True), pos + 12)
@@ -139,10 +140,9 @@ class ConsumeQueueDispatch:
         q.mm = q.file.mm
         q.file_first, q.file_end = first, first + units
         self._mapped_queues[q] = None
-        if new and offset > first and not list_files(q.folder)[:-1]:
-            # first file of a queue starting mid-file: the broker fills it with pre-blank units
-            blank = rc.encode_cq_unit(0, 0x7FFFFFFF, 0)
-            q.file.mm[0:(offset - first) * 20] = blank * (offset - first)
+        if new:
+            blank = _pre_blank(q, offset, first)
+            q.file.mm[0:len(blank)] = blank
 
     def _tags_code(self, tags: str | None) -> int:
         """tagsCode of a validated TAGS value; remembers the tag for append's fast path."""

@@ -65,6 +65,25 @@ def publish(mm: mmap.mmap, pos: int, data: bytes) -> None:
     mm[pos + 4:pos + 8] = data[4:8]
 
 
+def open_full_size(path: Path, size: int, *, create: bool) -> tuple[int, bool]:
+    """A read-write descriptor of the file at ``path`` of ``size`` bytes, and whether it was just
+    sized: with ``create`` a missing or empty file is made full size (sparse, zero-filled); any
+    other size is RmqStoreLayoutError."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    try:
+        actual = os.fstat(fd).st_size
+        if actual == 0 and create:
+            os.ftruncate(fd, size)
+            return fd, True
+        if actual != size:
+            raise RmqStoreLayoutError(f"{path}: file is {actual} bytes, expected {size} (every "
+                                      "mapped file of a queue has the same size)")
+        return fd, False
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class MappedFile:
     """One full-size mapped file, opened read-write (created sparse and zero-filled when new)."""
 
@@ -72,15 +91,8 @@ class MappedFile:
 
     def __init__(self, path: Path, start: int, size: int, *, create: bool):
         self.path, self.start, self.size = path, start, size
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        self.fd = os.open(path, flags, 0o644)
+        self.fd, _ = open_full_size(path, size, create=create)
         try:
-            actual = os.fstat(self.fd).st_size
-            if actual == 0 and create:
-                os.ftruncate(self.fd, size)
-            elif actual != size:
-                raise RmqStoreLayoutError(f"{path}: file is {actual} bytes, expected {size} (every "
-                                          "mapped file of a queue has the same size)")
             self.mm = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
