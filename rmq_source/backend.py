@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
+import pyarrow as pa
+
 from rmq_source.errors import RmqUnknownTopicError
 from rmq_source.group.allocation import MessageQueue, sort_queues
 
@@ -173,12 +175,13 @@ class Backend(abc.ABC):
 
     def read_many(self, ranges: Iterable[RangeRead], *, subscription, batch_rows: int,
                   batch_bytes: int, verify_crc: bool) -> Iterator:
-        """:meth:`read` of each range in turn, rows in range order. A backend may join the rows
-        of several small ranges into one batch (within ``batch_rows`` and ``batch_bytes``)."""
-        for r in ranges:
-            yield from self.read(r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
-                                 batch_bytes=batch_bytes, verify_crc=verify_crc,
-                                 on_data_loss=r.on_data_loss, on_short_read=r.on_short_read)
+        """:meth:`read` of each range in turn, rows in range order, the batches of small ranges
+        joined (:func:`coalesce`; a backend may join them its own way, within ``batch_rows``
+        and ``batch_bytes``)."""
+        return coalesce((batch for r in ranges for batch in self.read(
+            r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
+            batch_bytes=batch_bytes, verify_crc=verify_crc, on_data_loss=r.on_data_loss,
+            on_short_read=r.on_short_read)), batch_rows, batch_bytes)
 
     # -- group state ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -202,3 +205,36 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
         """Raise RmqLockError unless ``lock.client_id`` holds every queue of ``mqs``. Reads only."""
+
+
+def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batches`` with consecutive small ones joined: each output holds at most ``max_rows`` rows
+    and ``max_bytes`` bytes of buffers (a slice counts its whole buffers) unless one input alone is
+    larger (passed through as it is); rows keep their order. Joining copies, so only batches under
+    a quarter of either limit are held back for it, and a full join goes out at once."""
+    held: list[pa.RecordBatch] = []
+    rows = size = 0
+    for batch in batches:
+        n, b = batch.num_rows, batch.get_total_buffer_size()
+        if not n:
+            continue
+        if held and (rows + n > max_rows or size + b > max_bytes):
+            yield _joined(held)
+            held, rows, size = [], 0, 0
+        if n * 4 >= max_rows or b * 4 >= max_bytes:
+            if held:
+                yield _joined(held)
+                held, rows, size = [], 0, 0
+            yield batch
+            continue
+        held.append(batch)
+        rows, size = rows + n, size + b
+        if rows >= max_rows or size >= max_bytes // 2:
+            yield _joined(held)
+            held, rows, size = [], 0, 0
+    if held:
+        yield _joined(held)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

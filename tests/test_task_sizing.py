@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from rmq_source.group.allocation import AllocateMessageQueueAveragely, MessageQueue, create_strategy
 from rmq_source.spark.batch_reader import plan_batch
 from rmq_source.spark.options import parse_options
-from rmq_source.spark.partition_reader import coalesce, read_partition
+from rmq_source.backend import coalesce
+from rmq_source.spark.partition_reader import read_partition
 from rmq_source.spark.planner import QUEUE_COST_BYTES, QueueRange, TaskSizing, plan_tasks
 from rmq_source.spark.sizing import CQ_UNIT_BYTES, SAMPLE_MESSAGES, SAMPLE_WINDOWS, _windows, task_sizing
 from rmq_source.spark.query import open_backend

@@ -68,47 +68,15 @@ def check_task_locks(part: RmqInputPartition):
 def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     """Yield the partition's rows: each range in ascending queue offset, ranges in order.
 
-    The batches of small ranges are joined (up to ``batch_rows`` rows and ``batch_bytes`` bytes),
-    so a task over many small queues hands Spark a few batches, not one per queue. Spark hands a
+    The batches of small ranges are joined (:meth:`Backend.read_many`, up to ``batch_rows`` rows
+    and ``batch_bytes`` bytes), so a task over many small queues hands Spark a few batches, not
+    one per queue. Spark hands a
     plain ``InputPartition(None)`` to ``read`` when the plan has no partition (nothing to read): it
     yields nothing.
     """
     if not isinstance(part, RmqInputPartition):
         return
-    yield from coalesce(_read_ranges(part), part.batch_rows, part.batch_bytes)
-
-
-def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
-    """``batches`` with consecutive small ones joined: each output holds at most ``max_rows`` rows
-    and ``max_bytes`` bytes of buffers (a slice counts its whole buffers) unless one input alone is
-    larger (passed through as it is); rows keep their order. Joining copies, so only batches under
-    a quarter of either limit are held back for it, and a full join goes out at once."""
-    held: list[pa.RecordBatch] = []
-    rows = size = 0
-    for batch in batches:
-        n, b = batch.num_rows, batch.get_total_buffer_size()
-        if not n:
-            continue
-        if held and (rows + n > max_rows or size + b > max_bytes):
-            yield _joined(held)
-            held, rows, size = [], 0, 0
-        if n * 4 >= max_rows or b * 4 >= max_bytes:
-            if held:
-                yield _joined(held)
-                held, rows, size = [], 0, 0
-            yield batch
-            continue
-        held.append(batch)
-        rows, size = rows + n, size + b
-        if rows >= max_rows or size >= max_bytes // 2:
-            yield _joined(held)
-            held, rows, size = [], 0, 0
-    if held:
-        yield _joined(held)
-
-
-def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    yield from _read_ranges(part)
 
 
 def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
