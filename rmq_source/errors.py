@@ -113,3 +113,26 @@ class RmqBrokerError(RmqRemotingError):
 class RmqAuthError(RmqBrokerError, PermissionError):
     """The server refused the request's ACL credentials (unknown access key, wrong signature) or
     the account has no permission for the topic, group or request."""
+
+
+class RmqSinkSchemaError(RmqSourceError, ValueError):
+    """The DataFrame written with ``format("rmq")`` has a column the sink does not know, lacks
+    ``body``, or has a column whose type does not fit (named in the message). Raised at query
+    start, before anything is sent."""
+
+
+class RmqSinkRowError(RmqSourceError, ValueError):
+    """A row cannot become a RocketMQ message (null body, bad property name, too large, a queue
+    the topic does not have ...). The message names the row by task partition and row index;
+    nothing of the failing send was acknowledged."""
+
+
+class RmqSendError(RmqSourceError, RuntimeError):
+    """A send was refused or not confirmed after every retry. ``code`` is the broker's answer
+    code (None when no broker answered), ``broker`` the broker name; the message names the rows,
+    the queue and what to do."""
+
+    def __init__(self, message: str, *, code: int | None = None, broker: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.broker = broker

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -72,6 +73,8 @@ def _dumps(obj) -> bytes:
 class TopicRoute:
     queue_datas: list[dict]
     broker_datas: list[dict]
+    #: "brokerName:queues;..." when the NameServer keeps an ORDER_TOPIC_CONFIG for the topic
+    order_topic_conf: str | None = None
 
     def master_addrs(self) -> dict[str, str]:
         """brokerName -> master address (broker id 0)."""
@@ -102,7 +105,8 @@ def topic_route(client: RemotingClient, namesrv: str, topic: str, *, timeout: fl
     resp = client.invoke(namesrv, GET_ROUTEINFO_BY_TOPIC, {"topic": topic, "acceptStandardJsonOnly": "true"},
                          timeout=timeout)
     data = _str_keys(_json(resp.body, f"GET_ROUTEINFO_BY_TOPIC(topic={topic})", namesrv))
-    return TopicRoute(data.get("queueDatas") or [], data.get("brokerDatas") or [])
+    return TopicRoute(data.get("queueDatas") or [], data.get("brokerDatas") or [],
+                      data.get("orderTopicConf") or None)
 
 
 @dataclass
@@ -226,15 +230,55 @@ def send_message(client: RemotingClient, broker: str, topic: str, body: bytes, *
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), [uniq])
 
 
+def props_bytes(props: Mapping[str, str]) -> bytes:
+    """The properties as a message carries them (name \\x01 value \\x02 ...), UTF-8."""
+    return _props_string(props).encode()
+
+
 def encode_batch(messages: Iterable[tuple[bytes, Mapping[str, str], int]]) -> bytes:
-    """The body of SEND_BATCH_MESSAGE: per message TOTALSIZE, MAGIC 0, BODYCRC 0, FLAG, body, props."""
+    """The body of SEND_BATCH_MESSAGE from (body, properties, flag)."""
+    return encode_batch_encoded((body, props_bytes(props), flag) for body, props, flag in messages)
+
+
+_BATCH_HEAD = struct.Struct(">iiiii")
+
+
+def encode_batch_encoded(messages: Iterable[tuple[bytes, bytes, int]]) -> bytes:
+    """The body of SEND_BATCH_MESSAGE from (body, encoded properties, flag): per message TOTALSIZE,
+    MAGIC 0, BODYCRC 0, FLAG, BODYLENGTH, body, PROPERTIESLENGTH (2 bytes), properties."""
     out = []
     for body, props, flag in messages:
-        p = _props_string(props).encode()
-        total = 4 + 4 + 4 + 4 + 4 + len(body) + 2 + len(p)
-        out.append(total.to_bytes(4, "big") + bytes(8) + flag.to_bytes(4, "big", signed=True)
-                   + len(body).to_bytes(4, "big") + body + len(p).to_bytes(2, "big") + p)
+        out.append(_BATCH_HEAD.pack(22 + len(body) + len(props), 0, 0, flag, len(body)))
+        out.append(body)
+        out.append(len(props).to_bytes(2, "big"))
+        out.append(props)
     return b"".join(out)
+
+
+BATCH_HEADER_PROPS = _props_string({"WAIT": "true"})
+
+
+def send_batch_call(client: RemotingClient, broker: str, topic: str, encoded: bytes, *, queue_id: int,
+                    born_ms: int, producer_group: str = "rmq_source_producer",
+                    timeout: float | None = None) -> Call:
+    """SEND_BATCH_MESSAGE of an :func:`encode_batch_encoded` body, without waiting: the answer
+    (:func:`send_answer`) comes through ``client.answer``."""
+    return client.send(broker, SEND_BATCH_MESSAGE, {
+        "a": producer_group, "b": topic, "c": DEFAULT_TOPIC, "d": 4, "e": queue_id, "f": 0, "g": born_ms,
+        "h": 0, "i": BATCH_HEADER_PROPS, "j": 0, "k": "false", "m": "true",
+    }, encoded, timeout=timeout)
+
+
+def send_one_call(client: RemotingClient, broker: str, topic: str, body: bytes, props: bytes, *,
+                  queue_id: int, born_ms: int, flag: int = 0, producer_group: str = "rmq_source_producer",
+                  timeout: float | None = None) -> Call:
+    """SEND_MESSAGE of one message with encoded properties, without waiting."""
+    return client.send(broker, SEND_MESSAGE, {
+        "producerGroup": producer_group, "topic": topic, "defaultTopic": DEFAULT_TOPIC,
+        "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": 0, "bornTimestamp": born_ms,
+        "flag": flag, "properties": props.decode(), "reconsumeTimes": 0, "unitMode": "false",
+        "batch": "false",
+    }, body, timeout=timeout)
 
 
 def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterable[dict], *,
@@ -247,13 +291,11 @@ def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterab
     for m in messages:
         props, uniq = message_properties(tags=m.get("tags"), keys=m.get("keys"),
                                          properties=m.get("properties"), born_ms=born)
-        encoded.append((m["body"], props, int(m.get("flag", 0))))
+        encoded.append((m["body"], props_bytes(props), int(m.get("flag", 0))))
         uniqs.append(uniq)
-    resp = client.invoke(broker, SEND_BATCH_MESSAGE, {
-        "a": producer_group, "b": topic, "c": DEFAULT_TOPIC, "d": 4, "e": queue_id, "f": 0, "g": born,
-        "h": 0, "i": _props_string({"WAIT": "true"}), "j": 0, "k": "false", "m": "true",
-    }, encode_batch(encoded), timeout=timeout)
-    ext = resp.ext_fields
+    call = send_batch_call(client, broker, topic, encode_batch_encoded(encoded), queue_id=queue_id,
+                           born_ms=born, producer_group=producer_group, timeout=timeout)
+    ext = client.answer(call).ext_fields
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), uniqs)
 
 

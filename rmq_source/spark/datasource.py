@@ -19,6 +19,7 @@ from rmq_source.schema import COLUMN_NAMES, SPARK_DDL
 from rmq_source.spark.stream_reader import RmqStreamReader
 from rmq_source.spark.batch_reader import plan_batch
 from rmq_source.spark.pushdown import absorb
+from rmq_source.spark.sink_writer import RmqSinkStreamWriter, RmqSinkWriter, prepare
 
 
 def _check_schema(schema: StructType) -> None:
@@ -65,17 +66,19 @@ def _asked_for_pushdown() -> bool:
 
 
 class RocketMQDataSource(DataSource):
-    """Reads Apache RocketMQ topics straight from broker store directories.
+    """Reads Apache RocketMQ topics (store directories or a live cluster) and writes them.
 
     Register with ``spark.dataSource.register(RocketMQDataSource)`` and use
-    ``spark.read.format("rmq")`` or ``spark.readStream.format("rmq")``; see docs/options.md.
+    ``spark.read.format("rmq")`` or ``spark.readStream.format("rmq")`` (docs/options.md),
+    ``df.write.format("rmq")`` or ``df.writeStream.format("rmq")`` (docs/sink.md).
     """
 
     def __init__(self, options):
         super().__init__(options)
         # One client id per query run, shared by every process that plans or reads it (the data
         # source object is pickled to them); parsing options in each process would mint several.
-        if not any(k.lower() == "clientid" for k in self.options):
+        self._minted_client_id = not any(k.lower() == "clientid" for k in self.options)
+        if self._minted_client_id:
             options = dict(self.options)
             options["clientId"] = default_client_id()
             self.options = options
@@ -94,3 +97,15 @@ class RocketMQDataSource(DataSource):
     def streamReader(self, schema: StructType) -> RmqStreamReader:
         _check_schema(schema)
         return RmqStreamReader(parse_options(self.options, streaming=True))
+
+    def _write_options(self) -> dict:
+        """The user's options (without the client id minted for reads)."""
+        if not self._minted_client_id:
+            return dict(self.options)
+        return {k: v for k, v in self.options.items() if k.lower() != "clientid"}
+
+    def writer(self, schema: StructType, overwrite: bool) -> RmqSinkWriter:
+        return RmqSinkWriter(prepare(self._write_options(), schema, overwrite, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> RmqSinkStreamWriter:
+        return RmqSinkStreamWriter(prepare(self._write_options(), schema, overwrite, streaming=True))

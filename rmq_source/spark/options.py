@@ -147,18 +147,21 @@ def _shown(name: str, value) -> str:
     return repr(value)
 
 
-def _normalise(options: Mapping[str, str]) -> dict[str, str]:
-    """Raw options -> {canonical name: value}; unknown, repeated or non-str options raise."""
+def normalise_options(options: Mapping[str, str], docs: Mapping[str, Any] = OPTION_DOCS,
+                      *, what: str = "option") -> dict[str, str]:
+    """Raw options -> {canonical name: value} for the options documented in ``docs`` (canonical
+    name -> doc); unknown, repeated or non-str options raise, ``what`` naming the kind."""
+    canonical_of = _CANONICAL if docs is OPTION_DOCS else {name.lower(): name for name in docs}
     out: dict[str, str] = {}
     for key, value in options.items():
         if not isinstance(key, str):
             raise RmqOptionError(f"option names must be strings, got {key!r}")
-        canonical = _CANONICAL.get(key.strip().lower())
+        canonical = canonical_of.get(key.strip().lower())
         if canonical is None:
-            close = difflib.get_close_matches(key.strip().lower(), list(_CANONICAL), n=1)
-            hint = f" (did you mean {_CANONICAL[close[0]]}?)" if close else ""
-            raise RmqOptionError(f"unknown option {key!r} (value {_shown(key, value)}){hint}; valid "
-                                 "options: " + ", ".join(sorted(OPTION_DOCS, key=str.lower)))
+            close = difflib.get_close_matches(key.strip().lower(), list(canonical_of), n=1)
+            hint = f" (did you mean {canonical_of[close[0]]}?)" if close else ""
+            raise RmqOptionError(f"unknown {what} {key!r} (value {_shown(key, value)}){hint}; valid "
+                                 f"{what}s: " + ", ".join(sorted(docs, key=str.lower)))
         if canonical in out:
             raise RmqOptionError(f"option {canonical} given twice (names are case-insensitive): "
                                  f"{_shown(canonical, out[canonical])} and {_shown(canonical, value)}")
@@ -185,7 +188,7 @@ def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
     return parse_namesrv_addr(opts["namesrvAddr"])
 
 
-def _parse_credentials(opts: dict[str, str]) -> Credentials | None:
+def parse_credentials(opts: dict[str, str]) -> Credentials | None:
     """ACL credentials: accessKey and secretKey together, or neither."""
     given = [n for n in ("accessKey", "secretKey") if n in opts]
     if not given:
@@ -264,7 +267,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     Store roots must be existing directories (:class:`RmqStoreLayoutError` otherwise); any other
     problem raises :class:`RmqOptionError`.
     """
-    opts = _normalise(options)
+    opts = normalise_options(options)
     mode = "streaming" if streaming else "batch"
 
     for name in (_BATCH_ONLY if streaming else _STREAMING_ONLY):
@@ -275,7 +278,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
 
     namesrv_addrs = _parse_namesrv(opts)
     brokers = {} if namesrv_addrs else _parse_brokers(opts)
-    credentials = _parse_credentials(opts)
+    credentials = parse_credentials(opts)
     request_timeout_ms = (int_option("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
                                maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
     request_retries = (int_option("requestRetries", opts["requestRetries"], minimum=0, maximum=100)

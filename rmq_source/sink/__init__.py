@@ -1,0 +1,7 @@
+"""The ``format("rmq")`` sink: DataFrames written to RocketMQ topics over the remoting protocol.
+
+:mod:`.options` parses the write options, :mod:`.columns` checks the DataFrame's columns and turns
+Arrow batches into messages, :mod:`.uniq` derives each message's ``UNIQ_KEY``, :mod:`.routing`
+picks queues as RocketMQ's producer does, :mod:`.producer` sends batches per queue with retries.
+The Spark writer classes are in :mod:`rmq_source.spark.sink_writer`.
+"""

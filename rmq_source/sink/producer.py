@@ -1,0 +1,399 @@
+"""Sending a task's messages: batches per queue, several queues in flight, retries.
+
+Contract:
+
+* Messages go to *lanes*: one per (topic, broker, queue) and kind (pinned by ``shardingKey`` or
+  ``queueId``, or free). A lane has at most one request in flight and sends its batches in the
+  order its messages arrived, a failed batch first again: so messages of one ``shardingKey`` are
+  stored in their order, whatever fails in between.
+* Free messages fill one batch at a time, queue after queue of the topic's publish list (round
+  robin, as the Java producer's batch send picks a queue per send). A free batch that fails goes
+  to another queue, on another broker when there is one; a pinned one waits (doubling backoff)
+  and goes to its queue again.
+* A batch counts as sent when its broker answered SEND_OK (or, with ``requireStoreOk=false``,
+  a flush/slave status). After ``requestRetries`` failed tries of one batch, or an answer that a
+  retry cannot change (message illegal, ACL refusal), :class:`RmqSendError` names the rows, the
+  queue and what to do. Messages are sent at least once; a retried batch carries the same
+  ``UNIQ_KEY`` values.
+* Delayed messages (``delayTimeLevel``) go alone (SEND_MESSAGE): brokers refuse delay in batches.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqRemotingConnectionError,
+                               RmqRemotingTimeoutError, RmqSendError, RmqSinkRowError,
+                               RmqUnknownTopicError)
+from rmq_source.remote import requests as rq
+from rmq_source.remote.client import RemotingClient
+from rmq_source.sink.columns import Outgoing
+from rmq_source.sink.options import SinkOptions
+from rmq_source.sink.routing import PublishQueue, hash_index, publish_queues
+
+log = logging.getLogger(__name__)
+
+SEND_OK = 0
+#: stored by the master, not confirmed as asked (SendStatus other than SEND_OK)
+STORE_STATUS = {10: "FLUSH_DISK_TIMEOUT", 11: "SLAVE_NOT_AVAILABLE", 12: "FLUSH_SLAVE_TIMEOUT"}
+#: answers another try may change (DefaultMQProducer.retryResponseCodes of 5.3)
+RETRY_CODES = {1: "SYSTEM_ERROR", 2: "SYSTEM_BUSY", 14: "SERVICE_NOT_AVAILABLE", 16: "NO_PERMISSION",
+               17: "TOPIC_NOT_EXIST", 204: "NO_BUYER_ID", 205: "NOT_IN_CURRENT_UNIT", 1500: "GO_AWAY"}
+MESSAGE_ILLEGAL = 13
+MAX_BACKOFF_S = 8.0
+
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(opts: SinkOptions) -> RemotingClient:
+    """One client per process and settings: Spark reuses its Python workers across tasks."""
+    key = (opts.credentials, opts.request_timeout_ms)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = RemotingClient(timeout=opts.request_timeout_ms / 1000,
+                                                    credentials=opts.credentials)
+        return client
+
+
+def fetch_route(client: RemotingClient, opts: SinkOptions, topic: str) -> rq.TopicRoute:
+    """The topic's route from the first NameServer that answers; :class:`RmqUnknownTopicError`
+    when it has none (the sink does not create topics)."""
+    errors = []
+    for addr in opts.namesrv_addrs:
+        try:
+            return rq.topic_route(client, addr, topic)
+        except RmqBrokerError as exc:
+            if exc.code == rq.TOPIC_NOT_EXIST:
+                raise RmqUnknownTopicError(
+                    f"topic {topic!r} does not exist in the cluster of NameServer "
+                    f"{';'.join(opts.namesrv_addrs)} (no route); create it first, e.g. mqadmin "
+                    f"updateTopic -n {opts.namesrv_addrs[0]} -c <cluster> -t {topic} (the sink does "
+                    "not create topics)") from None
+            raise
+        except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
+            errors.append(f"{addr}: {exc}")
+    raise RmqRemotingConnectionError(f"route of topic {topic!r}: no NameServer answered: " + "; ".join(errors))
+
+
+@dataclass
+class _Batch:
+    messages: list[Outgoing]
+    single: bool = False
+    attempts: int = 0
+
+    def rows(self) -> str:
+        rows = [m.row for m in self.messages]
+        return f"row {rows[0]}" if len(rows) == 1 else f"rows {min(rows)}..{max(rows)} ({len(rows)} messages)"
+
+
+@dataclass
+class _Lane:
+    topic: str
+    queue: PublishQueue
+    pinned: bool
+    open: list = field(default_factory=list)
+    open_bytes: int = 0
+    closed: deque = field(default_factory=deque)
+    busy: bool = False
+    queued: bool = False        # in the producer's ready deque
+    not_before: float = 0.0
+
+    def where(self) -> str:
+        return f"topic {self.topic} queue {self.queue.broker}/{self.queue.queue_id}"
+
+
+@dataclass
+class _Topic:
+    queues: list[PublishQueue]
+    masters: dict[str, str]
+    fetched: float
+    cursor: int = 0
+    free: _Lane | None = None
+
+
+@dataclass
+class SendStats:
+    messages: int = 0
+    requests: int = 0
+    retries: int = 0
+    #: messages accepted with a flush/slave status (requireStoreOk=false)
+    unconfirmed: int = 0
+
+
+class TaskProducer:
+    """The producer of one task (module doc): :meth:`add` each message, then :meth:`flush`."""
+
+    def __init__(self, opts: SinkOptions, partition: int, client: RemotingClient | None = None):
+        self.opts = opts
+        self.partition = partition
+        self.client = client or shared_client(opts)
+        self.stats = SendStats()
+        self._topics: dict[str, _Topic] = {}
+        self._lanes: dict[tuple, _Lane] = {}
+        self._ready: deque[_Lane] = deque()
+        self._in_flight: deque = deque()     # (lane, batch, call)
+        self._buffered = 0                   # bytes of messages added and not yet acknowledged
+        self._buffer_limit = max(opts.batch_bytes * (2 * opts.max_in_flight + 2), 8 << 20)
+        self._avoid: dict[str, float] = {}   # broker -> monotonic time until free sends avoid it
+
+    # -- routes ---------------------------------------------------------------------------------
+    def _topic(self, topic: str, *, refresh: bool = False) -> _Topic:
+        state = self._topics.get(topic)
+        if state is not None and not refresh:
+            return state
+        if state is not None and time.monotonic() - state.fetched < 1.0:
+            return state
+        route = fetch_route(self.client, self.opts, topic)
+        queues = publish_queues(topic, route)
+        fresh = _Topic(queues, route.master_addrs(), time.monotonic())
+        if state is not None:
+            fresh.cursor, fresh.free = state.cursor, state.free
+        self._topics[topic] = fresh
+        return fresh
+
+    def _queues(self, topic: str, row_error) -> _Topic:
+        state = self._topic(topic)
+        if not state.queues:
+            state = self._topic(topic, refresh=True)
+        if not state.queues:
+            raise RmqSendError(f"topic {topic} has no writable queue with a master in the cluster of "
+                               f"NameServer {';'.join(self.opts.namesrv_addrs)} ({row_error}); check the "
+                               "topic's permission and that its brokers run")
+        return state
+
+    # -- lanes ----------------------------------------------------------------------------------
+    def _lane(self, topic: str, queue: PublishQueue, pinned: bool) -> _Lane:
+        key = (topic, queue, pinned)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(topic, queue, pinned)
+        return lane
+
+    def _next_free(self, topic: str, state: _Topic, *, avoid: str | None = None) -> _Lane:
+        """The next queue of the topic for free messages, round robin, skipping brokers that
+        failed lately (and ``avoid``) while another broker is left."""
+        now = time.monotonic()
+        n = len(state.queues)
+        for step in range(n):
+            q = state.queues[(state.cursor + step) % n]
+            if q.broker != avoid and self._avoid.get(q.broker, 0) <= now:
+                state.cursor = (state.cursor + step + 1) % n
+                return self._lane(topic, q, False)
+        q = state.queues[state.cursor % n]
+        state.cursor = (state.cursor + 1) % n
+        return self._lane(topic, q, False)
+
+    def _pinned_queue(self, msg: Outgoing, state: _Topic) -> PublishQueue:
+        if msg.pin[0] == "hash":
+            return state.queues[hash_index(msg.pin[1], len(state.queues))]
+        _, broker, qid = msg.pin
+        brokers = sorted({q.broker for q in state.queues})
+        if broker is None:
+            if len(brokers) > 1:
+                raise self._row_error(msg, f"queueId {qid} without brokerName, but topic {msg.topic} "
+                                           f"has writable queues on brokers {', '.join(brokers)}: add a "
+                                           "brokerName column")
+            broker = brokers[0]
+        ids = [q.queue_id for q in state.queues if q.broker == broker]
+        if qid not in ids:
+            have = f"queues 0..{max(ids)}" if ids else "no writable queue"
+            raise self._row_error(msg, f"topic {msg.topic} has {have} on broker {broker!r} "
+                                       f"(queueId {qid} asked; writable brokers: {', '.join(brokers)})")
+        return PublishQueue(broker, qid)
+
+    def _row_error(self, msg: Outgoing, what: str) -> RmqSinkRowError:
+        return RmqSinkRowError(f"partition {self.partition}, row {msg.row}: {what}")
+
+    # -- adding ---------------------------------------------------------------------------------
+    def add(self, msg: Outgoing) -> None:
+        state = self._queues(msg.topic, f"partition {self.partition}, row {msg.row}")
+        if msg.pin is None:
+            lane = state.free or self._next_free(msg.topic, state)
+            state.free = lane
+        else:
+            lane = self._lane(msg.topic, self._pinned_queue(msg, state), True)
+        size = msg.size
+        if msg.delayed:
+            self._close(lane)
+            self._enqueue(lane, _Batch([msg], single=True))
+        else:
+            if lane.open and (len(lane.open) >= self.opts.batch_messages
+                              or lane.open_bytes + size > self.opts.batch_bytes):
+                self._close(lane)
+                if msg.pin is None:
+                    lane = state.free = self._next_free(msg.topic, state)
+            lane.open.append(msg)
+            lane.open_bytes += size
+        self._buffered += size
+        self._pump()
+        while self._buffered > self._buffer_limit and self._in_flight:
+            self._complete_oldest()
+            self._pump()
+
+    def _close(self, lane: _Lane) -> None:
+        if lane.open:
+            self._enqueue(lane, _Batch(lane.open))
+            lane.open, lane.open_bytes = [], 0
+
+    def _enqueue(self, lane: _Lane, batch: _Batch, *, first: bool = False) -> None:
+        (lane.closed.appendleft if first else lane.closed.append)(batch)
+        self._mark_ready(lane)
+
+    def _mark_ready(self, lane: _Lane) -> None:
+        if lane.closed and not lane.busy and not lane.queued:
+            lane.queued = True
+            self._ready.append(lane)
+
+    # -- sending --------------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Send the head batch of ready lanes while fewer than maxInFlight are in flight."""
+        now = time.monotonic()
+        waiting = []
+        while self._ready and len(self._in_flight) < self.opts.max_in_flight:
+            lane = self._ready.popleft()
+            lane.queued = False
+            if lane.busy or not lane.closed:
+                continue
+            if lane.not_before > now:
+                waiting.append(lane)
+                continue
+            self._send(lane, lane.closed.popleft())
+        for lane in waiting:
+            self._mark_ready(lane)
+
+    def _send(self, lane: _Lane, batch: _Batch) -> None:
+        lane.busy = True
+        self.stats.requests += 1
+        try:
+            addr = self._master(lane)
+            born = int(time.time() * 1000)
+            timeout = self.opts.request_timeout_ms / 1000
+            if batch.single:
+                m = batch.messages[0]
+                call = rq.send_one_call(self.client, addr, lane.topic, m.body, m.props,
+                                        queue_id=lane.queue.queue_id, born_ms=born,
+                                        producer_group=self.opts.producer_group, timeout=timeout)
+            else:
+                body = rq.encode_batch_encoded((m.body, m.props, 0) for m in batch.messages)
+                call = rq.send_batch_call(self.client, addr, lane.topic, body,
+                                          queue_id=lane.queue.queue_id, born_ms=born,
+                                          producer_group=self.opts.producer_group, timeout=timeout)
+        except (RmqRemotingConnectionError, RmqRemotingTimeoutError, _NoMaster) as exc:
+            self._failed(lane, batch, str(exc), None)
+            return
+        self._in_flight.append((lane, batch, call))
+
+    def _master(self, lane: _Lane) -> str:
+        state = self._topic(lane.topic)
+        addr = state.masters.get(lane.queue.broker)
+        if addr is None:
+            state = self._topic(lane.topic, refresh=True)
+            addr = state.masters.get(lane.queue.broker)
+        if addr is None:
+            raise _NoMaster(f"broker {lane.queue.broker} has no master in the NameServer's route")
+        return addr
+
+    def _complete_oldest(self) -> None:
+        lane, batch, call = self._in_flight.popleft()
+        try:
+            resp = self.client.answer(call, ok=None)
+        except RmqAuthError as exc:
+            raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: refused "
+                               f"by ACL: {exc}; give accessKey/secretKey of an account with PUB "
+                               f"permission on {lane.topic}", code=exc.code, broker=lane.queue.broker) from exc
+        except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
+            self._failed(lane, batch, str(exc), None)
+            return
+        code = resp.code
+        if code == SEND_OK or (code in STORE_STATUS and not self.opts.require_store_ok):
+            if code != SEND_OK:
+                self.stats.unconfirmed += len(batch.messages)
+                log.warning("partition %d, %s to %s: %s (accepted: requireStoreOk=false)", self.partition,
+                            batch.rows(), lane.where(), STORE_STATUS[code])
+            self._done(lane, batch)
+        elif code in STORE_STATUS or code in RETRY_CODES:
+            name = STORE_STATUS.get(code) or RETRY_CODES[code]
+            self._failed(lane, batch, f"broker answered {name} ({code}): {resp.remark or '(no remark)'}", code)
+        else:
+            self._fatal(lane, batch, code, resp.remark)
+
+    def _done(self, lane: _Lane, batch: _Batch) -> None:
+        lane.busy = False
+        lane.not_before = 0.0
+        self.stats.messages += len(batch.messages)
+        self._buffered -= sum(m.size for m in batch.messages)
+        self._mark_ready(lane)
+
+    def _failed(self, lane: _Lane, batch: _Batch, reason: str, code: int | None) -> None:
+        lane.busy = False
+        batch.attempts += 1
+        self.stats.retries += 1
+        broker = lane.queue.broker
+        if batch.attempts > self.opts.retries:
+            what = (f"the broker stored them but did not confirm ({reason}); set requireStoreOk=false "
+                    "to accept that, or fix the broker's flush/slave setup" if code in STORE_STATUS
+                    else f"{reason}; check that broker {broker} runs and is reachable, or raise "
+                         "requestRetries/retryBackoffMs")
+            raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: gave up "
+                               f"after {batch.attempts} tries: {what}", code=code, broker=broker)
+        delay = min(self.opts.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1), MAX_BACKOFF_S)
+        log.warning("partition %d, %s to %s: %s; trying again (%d of %d)", self.partition, batch.rows(),
+                    lane.where(), reason, batch.attempts, self.opts.retries)
+        try:
+            self._topic(lane.topic, refresh=True)
+        except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
+            log.warning("route of %s not refreshed: %s", lane.topic, exc)
+        if lane.pinned:
+            lane.not_before = time.monotonic() + delay
+            self._enqueue(lane, batch, first=True)
+            return
+        self._avoid[broker] = time.monotonic() + delay
+        state = self._topic(lane.topic)
+        target = self._next_free(lane.topic, state, avoid=broker) if state.queues else lane
+        if target.queue.broker == broker:
+            target.not_before = time.monotonic() + delay
+        self._enqueue(target, batch)
+        self._mark_ready(lane)
+
+    def _fatal(self, lane: _Lane, batch: _Batch, code: int, remark: str | None) -> None:
+        remark = (remark or "(no remark)").split("\n")[0][:400]
+        hint = ("a message or the batch exceeds what the broker takes (its maxMessageSize, or the "
+                "properties' size): lower batchBytes / maxMessageBytes to the broker's limit, or "
+                "raise maxMessageSize on the broker" if code == MESSAGE_ILLEGAL
+                else "see the broker's remark")
+        raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: the broker "
+                           f"refused them with code {code}: {remark}; {hint}", code=code,
+                           broker=lane.queue.broker)
+
+    # -- the end --------------------------------------------------------------------------------
+    def flush(self) -> SendStats:
+        """Send everything added; returns when every message was acknowledged (or raises)."""
+        for lane in self._lanes.values():
+            self._close(lane)
+        while True:
+            self._pump()
+            if self._in_flight:
+                self._complete_oldest()
+                continue
+            pending = [lane for lane in self._lanes.values() if lane.closed]
+            if not pending:
+                return self.stats
+            wake = min(lane.not_before for lane in pending)
+            time.sleep(max(0.0, min(wake - time.monotonic(), MAX_BACKOFF_S)))
+            for lane in pending:
+                self._mark_ready(lane)
+
+    def abandon(self) -> None:
+        """Stop waiting for answers (the task failed): calls in flight are cancelled."""
+        for _, _, call in self._in_flight:
+            call.cancel()
+        self._in_flight.clear()
+
+
+class _NoMaster(Exception):
+    pass

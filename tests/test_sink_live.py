@@ -1,0 +1,153 @@
+"""The sink against real RocketMQ clusters (4.9 and 5.3): round trips read back by the Java
+consumer and by our source, RocketMQ's own hash queue selector, broker refusals, a broker killed
+under a streaming write."""
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+import pytest
+from pyspark.sql import Row, types as T
+
+from conftest import BROKER_LINES, running_cluster
+from rmq_source.remote import RemotingClient
+from rmq_source.remote import requests as rq
+from rmq_source.store.writer import StoreWriter
+
+JAVA_HASH = r"""
+import java.util.List;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.selector.SelectMessageQueueByHash;
+import org.apache.rocketmq.common.message.MessageQueue;
+
+public class Hash {
+    public static void main(String[] args) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer("java_hash");
+        p.setNamesrvAddr(args[0]);
+        p.setInstanceName("rmq-test-" + System.nanoTime());
+        p.start();
+        List<MessageQueue> mqs = p.fetchPublishMessageQueues(args[1]);
+        SelectMessageQueueByHash byHash = new SelectMessageQueueByHash();
+        for (int i = 2; i < args.length; i++) {
+            MessageQueue q = byHash.select(mqs, null, args[i]);
+            System.out.println("KEY " + args[i] + " " + q.getBrokerName() + " " + q.getQueueId());
+        }
+        p.shutdown();
+    }
+}
+"""
+
+QUEUES = {"broker-a": 4, "broker-b": 3}
+
+
+@pytest.fixture(scope="module", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
+def cluster(request, rocketmq_jars, tmp_path_factory):
+    """broker-a and broker-b as usual; broker-s a SYNC_MASTER without slave (every send answers
+    SLAVE_NOT_AVAILABLE) taking messages of at most 64 KiB."""
+    with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "sink",
+                         broker_names=("broker-a", "broker-b")) as c:
+        c.start_broker("broker-s", extra={"brokerRole": "SYNC_MASTER", "maxMessageSize": 65536})
+        yield c
+
+
+def make_topic(cluster, topic, queues=QUEUES):
+    with RemotingClient(timeout=15) as client:
+        for broker, n in queues.items():
+            rq.create_topic(client, cluster.brokers[broker].addr, topic, read_queues=n)
+        deadline = time.monotonic() + 30
+        while {q["brokerName"] for q in rq.topic_route(client, cluster.namesrv_addr, topic).queue_datas} != set(queues):
+            assert time.monotonic() < deadline, f"topic {topic} not routed"
+            time.sleep(0.2)
+
+
+def dump(cluster, tmp_path, topic, queues=QUEUES):
+    """{(broker, queue): [(offset, body, properties)]} as the real Java consumer pulls them."""
+    from test_broker_stores import java_dump
+    out = {}
+    for broker, n in queues.items():
+        got, _ = java_dump(cluster, tmp_path, topic, broker, n)
+        for q, msgs in got.items():
+            out[broker, q] = [(m[0], m[4], m[5]) for m in msgs]
+    return out
+
+
+def java_hash(cluster, tmp_path, topic, keys):
+    from test_broker_stores import run_java
+    (tmp_path / "hash").mkdir(exist_ok=True)
+    lines = run_java(cluster, tmp_path / "hash", "Hash", topic, *keys, sources={"Hash": JAVA_HASH})
+    return {f[1]: (f[2], int(f[3])) for f in (line.split() for line in lines) if f[:1] == ["KEY"]}
+
+
+SCHEMA = T.StructType([
+    T.StructField("body", T.StringType()), T.StructField("tags", T.StringType()),
+    T.StructField("keys", T.ArrayType(T.StringType())),
+    T.StructField("properties", T.MapType(T.StringType(), T.StringType())),
+    T.StructField("shardingKey", T.StringType()), T.StructField("delayTimeLevel", T.IntegerType())])
+
+
+def rows(n):
+    return [Row(f"m{i}", f"t{i % 3}", [f"k{i}", "all"], {"i": str(i)}, f"s{i % 7}" if i % 2 == 0 else None,
+                1 if i % 100 == 99 else None) for i in range(n)]
+
+
+def write(spark, cluster, df, topic, **options):
+    w = df.write.format("rmq").mode("append").option("namesrvAddr", cluster.namesrv_addr)
+    if topic is not None:
+        w = w.option("topic", topic)
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    w.save()
+
+
+def test_round_trip(cluster, spark, tmp_path):
+    topic = "SinkRT"
+    make_topic(cluster, topic)
+    n = 600
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows(n), 3), SCHEMA)
+    write(spark, cluster, df, topic, batchMessages=16, writeId="rt-1")
+    time.sleep(2.5)                                 # the delayed rows (level 1 = 1 s)
+    got = dump(cluster, tmp_path, topic)
+    seen = {}
+    for (broker, q), msgs in got.items():
+        for offset, body, props in msgs:
+            i = int(body.decode()[1:])
+            assert body.decode() not in seen, body
+            seen[body.decode()] = (broker, q, offset, props)
+            assert props["TAGS"] == f"t{i % 3}" and props["KEYS"] == f"k{i} all" and props["i"] == str(i)
+            assert len(props["UNIQ_KEY"]) == 32
+    assert sorted(seen) == sorted(f"m{i}" for i in range(n))
+    assert len({p["UNIQ_KEY"] for *_, p in seen.values()}) == n
+
+    # every shardingKey in the queue RocketMQ's SelectMessageQueueByHash picks; the rows of one
+    # key and one task (Spark partition: rows 0-199, 200-399, 400-599) stored in row order
+    keys = sorted({f"s{k}" for k in range(7)})
+    java = java_hash(cluster, tmp_path, topic, keys)
+    for key in keys:
+        mine = [i for i in range(0, n, 2) if f"s{i % 7}" == key and i % 100 != 99]
+        assert {seen[f"m{i}"][:2] for i in mine} == {java[key]}, key
+        for part in range(3):
+            placed = sorted((seen[f"m{i}"][2], i) for i in mine if i // 200 == part)
+            assert [i for _, i in placed] == sorted(i for _, i in placed), (key, part)
+    # free rows spread over both brokers
+    assert {seen[f"m{i}"][0] for i in range(1, n, 2)} == set(QUEUES)
+
+    # our source reads the same messages
+    back = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
+            .load().select("body", "tags", "keys", "uniqKey", "storeTimestamp", "bornTimestamp").collect())
+    assert sorted(r.body.decode() for r in back) == sorted(seen)
+    for r in back:
+        assert r.uniqKey == seen[r.body.decode()][3]["UNIQ_KEY"]
+        assert r.tags == seen[r.body.decode()][3]["TAGS"]
+        if int(r.body.decode()[1:]) % 100 == 99:   # delayed: stored a second after it was born
+            assert (r.storeTimestamp - r.bornTimestamp).total_seconds() >= 0.9
+
+    # the same write again (same writeId, rows, partitioning) sends the same UNIQ_KEYs
+    write(spark, cluster, df, topic, batchMessages=16, writeId="rt-1")
+    time.sleep(2.5)
+    again = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
+             .load().select("body", "uniqKey").collect())
+    pairs = {}
+    for r in again:
+        pairs.setdefault(r.uniqKey, set()).add(r.body)
+    assert len(again) == 2 * n and len(pairs) == n and all(len(b) == 1 for b in pairs.values())
