@@ -43,11 +43,13 @@ QUEUES = {"broker-a": 4, "broker-b": 3}
 
 @pytest.fixture(scope="module", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
 def cluster(request, rocketmq_jars, tmp_path_factory):
-    """broker-a and broker-b as usual; broker-s a SYNC_MASTER without slave (every send answers
-    SLAVE_NOT_AVAILABLE) taking messages of at most 64 KiB."""
+    """broker-a and broker-b as usual; broker-s a SYNC_MASTER without slave taking messages of at
+    most 64 KiB: every send is stored but answered SLAVE_NOT_AVAILABLE (4.9), FLUSH_SLAVE_TIMEOUT
+    after slaveTimeout (5.x, which waits for inSyncReplicas acks)."""
     with running_cluster(rocketmq_jars, request.param, tmp_path_factory, "sink",
                          broker_names=("broker-a", "broker-b")) as c:
-        c.start_broker("broker-s", extra={"brokerRole": "SYNC_MASTER", "maxMessageSize": 65536})
+        c.start_broker("broker-s", extra={"brokerRole": "SYNC_MASTER", "maxMessageSize": 65536,
+                                                "inSyncReplicas": 2, "slaveTimeout": 500})
         yield c
 
 
@@ -151,3 +153,62 @@ def test_round_trip(cluster, spark, tmp_path):
     for r in again:
         pairs.setdefault(r.uniqKey, set()).add(r.body)
     assert len(again) == 2 * n and len(pairs) == n and all(len(b) == 1 for b in pairs.values())
+
+
+def _df(spark, cols: dict, schema: str):
+    n = len(next(iter(cols.values())))
+    return spark.createDataFrame([tuple(c[i] for c in cols.values()) for i in range(n)], schema)
+
+
+BIG = "x" * (100 << 10)
+
+
+# (name, columns, schema, options, error class, text the error must show)
+REFUSALS = [
+    ("missing option topic", {"body": ["a"]}, "body string", {"topic": "NoSuchTopic"},
+     "RmqUnknownTopicError", "does not exist .*mqadmin updateTopic"),
+    ("missing row topic", {"body": ["a", "b"], "topic": ["SinkErr", "NoSuchRowTopic"]}, "body string, topic string",
+     {}, "RmqUnknownTopicError", "NoSuchRowTopic"),
+    ("body over maxMessageBytes", {"body": ["a" * 2000]}, "body string", {"topic": "SinkErr", "maxMessageBytes": 1000},
+     "RmqSinkRowError", "row 0: body of 2000 bytes exceeds maxMessageBytes"),
+    ("queue the topic lacks", {"body": ["a"], "queueId": [9], "brokerName": ["broker-b"]},
+     "body string, queueId int, brokerName string", {"topic": "SinkErr"}, "RmqSinkRowError",
+     "has queues 0..2 on broker 'broker-b'"),
+    ("queueId on a two-broker topic", {"body": ["a"], "queueId": [0]}, "body string, queueId int", {"topic": "SinkErr"},
+     "RmqSinkRowError", "add a brokerName column"),
+    ("broker's maxMessageSize", {"body": [BIG], "queueId": [0], "brokerName": ["broker-s"]},
+     "body string, queueId int, brokerName string", {"topic": "SinkStrict", "requireStoreOk": "false"},
+     "RmqSendError", "refused them with code (13|1): .*lower batchBytes"),
+    ("sync master without slave", {"body": ["a"]}, "body string",
+     {"topic": "SinkStrict", "requestRetries": 1, "retryBackoffMs": 10}, "RmqSendError",
+     "gave up after 2 tries: the broker stored them but did not confirm .*(SLAVE_NOT_AVAILABLE|FLUSH_SLAVE_TIMEOUT).*requireStoreOk=false"),
+    ("bad schema", {"value": ["a"]}, "value string", {"topic": "SinkErr"}, "RmqSinkSchemaError", "column 'value'"),
+    ("overwrite", {"body": ["a"]}, "body string", {"topic": "SinkErr", "_mode": "overwrite"}, "RmqOptionError",
+     "only appends"),
+]
+
+
+@pytest.mark.parametrize("name, cols, schema, options, error, text", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusals_name_the_row_and_what_to_do(cluster, spark, name, cols, schema, options, error, text):
+    import re
+    from rmq_source import errors
+    make_topic(cluster, "SinkErr")
+    make_topic(cluster, "SinkStrict", {"broker-s": 2})
+    options = dict(options)
+    mode = options.pop("_mode", "append")
+    w = _df(spark, cols, schema).write.format("rmq").mode(mode).option("namesrvAddr", cluster.namesrv_addr)
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    from conftest import raises_rmq
+    with raises_rmq(getattr(errors, error), text) as info:
+        w.save()
+    assert re.search(text, info.text)
+
+
+def test_store_status_accepted_when_asked(cluster, spark, tmp_path):
+    """requireStoreOk=false: SLAVE_NOT_AVAILABLE counts as sent (the master has the message)."""
+    make_topic(cluster, "SinkLoose", {"broker-s": 2})
+    df = _df(spark, {"body": [f"l{i}" for i in range(20)]}, "body string")
+    write(spark, cluster, df, "SinkLoose", requireStoreOk="false")
+    got = dump(cluster, tmp_path, "SinkLoose", {"broker-s": 2})
+    assert sorted(b.decode() for msgs in got.values() for _, b, _ in msgs) == sorted(f"l{i}" for i in range(20))

@@ -316,6 +316,8 @@ class TaskProducer:
                 log.warning("partition %d, %s to %s: %s (accepted: requireStoreOk=false)", self.partition,
                             batch.rows(), lane.where(), STORE_STATUS[code])
             self._done(lane, batch)
+        elif code == MESSAGE_ILLEGAL or (code == 1 and "size exceeded" in (resp.remark or "")):
+            self._fatal(lane, batch, code, resp.remark)     # 5.x says too large with SYSTEM_ERROR
         elif code in STORE_STATUS or code in RETRY_CODES:
             name = STORE_STATUS.get(code) or RETRY_CODES[code]
             self._failed(lane, batch, f"broker answered {name} ({code}): {resp.remark or '(no remark)'}", code)
@@ -364,7 +366,7 @@ class TaskProducer:
         remark = (remark or "(no remark)").split("\n")[0][:400]
         hint = ("a message or the batch exceeds what the broker takes (its maxMessageSize, or the "
                 "properties' size): lower batchBytes / maxMessageBytes to the broker's limit, or "
-                "raise maxMessageSize on the broker" if code == MESSAGE_ILLEGAL
+                "raise maxMessageSize on the broker" if code in (MESSAGE_ILLEGAL, 1)
                 else "see the broker's remark")
         raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: the broker "
                            f"refused them with code {code}: {remark}; {hint}", code=code,
