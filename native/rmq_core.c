@@ -43,6 +43,7 @@ _Static_assert(RMQ_NBUF == 34, "rmq_batch.bufs size must match RMQ_NBUF");
 #include "core/base.c"
 #include "core/records.c"
 #include "core/consumequeue.c"
+#include "core/cqpoll.c"
 #include "core/buffers.c"
 #include "core/rows.c"
 #include "core/scan.c"

@@ -170,6 +170,17 @@ int64_t rmq_cq_valid_units(const rmq_segment *seg);
  * count goes on from there. */
 int64_t rmq_cq_valid_units_from(const rmq_segment *seg, int64_t known);
 int64_t rmq_cq_first_unit_at_or_above(const rmq_segment *seg, int64_t phy_min);
+/* Poll the queue folders sel[0..nsel) (indexes into the n-long arrays) of one topic: queue i's
+ * folder is <topic_dir>/<queue_ids[i]>, which the caller listed as (dev_ino[2i], dev_ino[2i+1],
+ * mtime_ns[i]) with live[i] its last file's mapping (NULL: nothing kept, not polled). same[i] = 1
+ * when the folder is still that real folder, and then units[i] (in: a count of valid units from
+ * an earlier call, a hint) = rmq_cq_valid_units_from(live[i], units[i]); else same[i] = 0 and
+ * units[i] is untouched. Returns how many are the same, or -1 (same[] then means nothing) when
+ * the topic folder cannot be opened as a real folder or an argument is bad. */
+int64_t rmq_cq_poll(const char *topic_dir, int64_t n, const int32_t *queue_ids,
+                    const int32_t *sel, int64_t nsel, const uint64_t *dev_ino,
+                    const int64_t *mtime_ns, rmq_segment *const *live, int64_t *units,
+                    int8_t *same);
 /* The same, given that an earlier call with a phy_min <= this one answered `known` on the same
  * mapping: units before it are passed over again only if unit known-1 changed. */
 int64_t rmq_cq_first_unit_at_or_above_from(const rmq_segment *seg, int64_t phy_min,

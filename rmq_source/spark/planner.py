@@ -15,16 +15,16 @@ import math
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from rmq_source.group.allocation import (AllocateMessageQueueAveragely, AllocationStrategy, MessageQueue,
                                         java_string_key, sort_queues)
 from rmq_source.errors import RmqAllocationError
 
 
-@dataclass(frozen=True)
-class QueueRange:
-    """Queue offsets ``[start, end)`` of one queue."""
+class QueueRange(NamedTuple):
+    """Queue offsets ``[start, end)`` of one queue (a named tuple: a plan makes one per queue,
+    thousands per batch)."""
 
     mq: MessageQueue
     start: int
@@ -75,7 +75,8 @@ class TaskSizing:
     offset_bytes: dict[str, float] = field(default_factory=dict)   # topic -> bytes per offset
 
     def weight(self, r: QueueRange) -> float:
-        return r.size * self.offset_bytes.get(r.mq.topic, UNSAMPLED_OFFSET_BYTES) + QUEUE_COST_BYTES
+        return ((r.end - r.start) * self.offset_bytes.get(r.mq.topic, UNSAMPLED_OFFSET_BYTES)
+                + QUEUE_COST_BYTES)
 
     def task_count(self, total_weight: float, slots_with_data: int) -> int:
         wanted = max(self.parallelism, math.ceil(total_weight / self.max_partition_bytes))
@@ -88,7 +89,12 @@ def slot_ids(count: int, client_id: str = "rmq_source") -> list[str]:
     Room-aware strategies read the room of a slot from ``client_id`` (text before its first ``@``),
     so ``clientId=room1@etl`` puts every slot of the query in room ``room1``.
     """
-    return [f"{client_id}#{i:04d}" for i in range(count)]
+    return list(_slot_ids(count, client_id))
+
+
+@lru_cache(maxsize=16)
+def _slot_ids(count: int, client_id: str) -> tuple[str, ...]:
+    return tuple(f"{client_id}#{i:04d}" for i in range(count))
 
 
 def share_limit(backlogs: Mapping[MessageQueue, int], limit: int) -> dict[MessageQueue, int]:
@@ -121,10 +127,14 @@ def allocate_slots(mqs: list[MessageQueue], strategy, group: str, slots: list[st
     Memoized for the built-in strategies (pure functions of their arguments): a query asks for
     the same allocation every micro-batch (twice: latestOffset and partitions) and computing it
     costs O(slots x queues). A user's strategy is asked every time."""
+    return {slot: list(q) for slot, q in _allocation(mqs, strategy, group, slots).items()}
+
+
+def _allocation(mqs: list[MessageQueue], strategy, group: str, slots: list[str]) -> Mapping:
+    """:func:`allocate_slots` without the copy (read only: it may be the memoized answer)."""
     if type(strategy).__module__ != _BUILT_IN:
         return _allocate_slots(mqs, strategy, group, slots)
-    got = _allocate_slots_cached(strategy, group, tuple(sort_queues(mqs)), tuple(slots))
-    return {slot: list(q) for slot, q in got.items()}
+    return _allocate_slots_cached(strategy, group, tuple(sort_queues(mqs)), tuple(slots))
 
 
 _BUILT_IN = AllocateMessageQueueAveragely.__module__
@@ -169,19 +179,26 @@ def plan_tasks(ranges: list[QueueRange], strategy, group: str, num_partitions: i
     returned by no task); :func:`unallocated` tells the caller which ones, so it does not advance
     their offsets.
     """
-    live = [r for r in ranges if r.size > 0]
-    if not live:
+    if not any(r.end > r.start for r in ranges):
         return []
     by_mq = {r.mq: r for r in ranges}
-    slots = slot_ids(num_partitions if num_partitions else len(by_mq), client_id)
-    allocation = allocate_slots(list(by_mq), strategy, group, slots)
-    tasks = []
+    slots = _slot_ids(num_partitions if num_partitions else len(by_mq), client_id)
+    allocation = _allocation(list(by_mq), strategy, group, slots)
+    live: list[tuple[str, tuple[QueueRange, ...]]] = []    # (slot, its ranges with data)
     for slot in slots:
-        mine = tuple(by_mq[mq] for mq in allocation[slot] if by_mq[mq].size > 0)
+        got = allocation[slot]
+        if len(got) == 1:    # (every slot without numPartitions: no generator per queue)
+            r = by_mq[got[0]]
+            if r.end > r.start:
+                live.append((slot, (r,)))
+            continue
+        mine = tuple(r for r in map(by_mq.__getitem__, got) if r.end > r.start)
         if mine:
-            tasks.append(ReadTask(slot, mine))
+            live.append((slot, mine))
     if not num_partitions and sizing is not None:
-        tasks = pack_tasks(tasks, sizing)
+        tasks = _pack(live, sizing)
+    else:
+        tasks = [ReadTask(slot, mine) for slot, mine in live]
     if not orderly and min_partitions and len(tasks) < min_partitions:
         tasks = _split(tasks, min_partitions)
     return tasks
@@ -191,24 +208,48 @@ def pack_tasks(tasks: list[ReadTask], sizing: TaskSizing) -> list[ReadTask]:
     """Consecutive ``tasks`` (slots) merged into :meth:`TaskSizing.task_count` tasks of about
     equal weight; a merged task reads its slots' ranges in slot order. A slot heavier than a
     task's share is a task of its own (its ranges are never split here)."""
-    weights = [sum(sizing.weight(r) for r in t.ranges) for t in tasks]
+    return _pack([(t.slot, t.ranges) for t in tasks], sizing, tasks)
+
+
+def _pack(slots: list[tuple[str, tuple[QueueRange, ...]]], sizing: TaskSizing,
+          tasks: list[ReadTask] | None = None) -> list[ReadTask]:
+    """:func:`pack_tasks` of (slot, ranges) pairs; ``tasks``: the same as ReadTasks, returned
+    when nothing is merged (else made from the pairs)."""
+    weight = sizing.weight
+    weights = [weight(ranges[0]) if len(ranges) == 1 else sum(map(weight, ranges))
+               for _, ranges in slots]
     total = sum(weights)
-    n = sizing.task_count(total, len(tasks))
-    if n >= len(tasks):
-        return tasks
-    bins: list[list[ReadTask]] = [[] for _ in range(n)]
+    n = sizing.task_count(total, len(slots))
+    if n >= len(slots):
+        return tasks if tasks is not None else [ReadTask(s, rs) for s, rs in slots]
+    bins: list[list[tuple[str, tuple]]] = [[] for _ in range(n)]
     before = 0.0
-    for task, w in zip(tasks, weights):
+    for pair, w in zip(slots, weights):
         # the bin holding the slot's middle, in cumulative weight: contiguous and balanced
-        bins[min(n - 1, int((before + w / 2) * n / total))].append(task)
+        bins[min(n - 1, int((before + w / 2) * n / total))].append(pair)
         before += w
-    return [ReadTask(b[0].slot if len(b) == 1 else f"{b[0].slot}..{b[-1].slot}",
-                     tuple(r for t in b for r in t.ranges)) for b in bins if b]
+    return [ReadTask(b[0][0] if len(b) == 1 else f"{b[0][0]}..{b[-1][0]}",
+                     tuple(r for _, ranges in b for r in ranges)) for b in bins if b]
 
 
 def unallocated(mqs: list[MessageQueue], strategy, group: str, num_partitions: int | None,
                 client_id: str = "rmq_source") -> set[MessageQueue]:
-    """Queues that no slot receives (a query must not advance their offsets)."""
+    """Queues that no slot receives (a query must not advance their offsets). Memoized for the
+    built-in strategies, as :func:`allocate_slots` (asked at every micro-batch)."""
+    if type(strategy).__module__ != _BUILT_IN:
+        return _unallocated(mqs, strategy, group, num_partitions, client_id)
+    return set(_unallocated_cached(strategy, group, tuple(sort_queues(mqs)), num_partitions,
+                                   client_id))
+
+
+@lru_cache(maxsize=16)
+def _unallocated_cached(strategy, group: str, mqs: tuple, num_partitions: int | None,
+                        client_id: str) -> frozenset:
+    return frozenset(_unallocated(list(mqs), strategy, group, num_partitions, client_id))
+
+
+def _unallocated(mqs: list[MessageQueue], strategy, group: str, num_partitions: int | None,
+                 client_id: str) -> set[MessageQueue]:
     slots = slot_ids(num_partitions if num_partitions else len(mqs), client_id)
     given = {mq for got in allocate_slots(mqs, strategy, group, slots).values() for mq in got}
     return set(mqs) - given

@@ -31,7 +31,26 @@ def discover_queues(backend: Backend, opts) -> list[MessageQueue]:
 
 
 def strategy_of(opts):
-    """The allocation strategy named by ``allocateStrategy`` with its parameter options."""
+    """The allocation strategy named by ``allocateStrategy`` with its parameter options. A
+    built-in strategy (a pure function of these options) is the same object for the same
+    options, so the planner's memoized allocations (keyed by strategy) serve every batch plan."""
+    if ":" in opts.allocate_strategy or ":" in (opts.nearby_inner_strategy or ""):
+        return _new_strategy(opts)      # a user's class: a new instance every time, as before
+    key = (opts.allocate_strategy, opts.allocate_queues, opts.consume_rooms,
+           opts.nearby_inner_strategy, opts.virtual_node_count)
+    strategy = _BUILT_IN_STRATEGIES.get(key)
+    if strategy is None:
+        strategy = _new_strategy(opts)
+        if len(_BUILT_IN_STRATEGIES) >= 64:
+            _BUILT_IN_STRATEGIES.clear()
+        _BUILT_IN_STRATEGIES[key] = strategy
+    return strategy
+
+
+_BUILT_IN_STRATEGIES: dict[tuple, object] = {}
+
+
+def _new_strategy(opts):
     params = {}
     if opts.allocate_queues is not None:
         params["message_queues"] = list(opts.allocate_queues)

@@ -86,7 +86,10 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
-        return sort_queues(set(discover_queues(self.backend, self.opts)) | set(known))
+        found = discover_queues(self.backend, self.opts)
+        have = set(found)
+        extra = [mq for mq in known if mq not in have]
+        return sort_queues(have.union(extra) if extra or len(have) != len(found) else found)
 
     def initialOffset(self) -> dict:
         """Where a new query starts. Computed once per reader: Spark asks again when it runs the
@@ -270,8 +273,10 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``failOnDataLoss``), see :func:`rmq_source.spark.positions.check_data_loss`."""
         out = dict(starts)
         for mq in sort_queues(read):
-            info = infos[mq]
-            out[mq] = check_data_loss(mq, starts[mq], info, self.opts.fail_on_data_loss,
+            info, start = infos[mq], starts[mq]
+            if info.min_offset <= start <= info.max_offset:
+                continue   # (nothing lost: check_data_loss would answer ``start``)
+            out[mq] = check_data_loss(mq, start, info, self.opts.fail_on_data_loss,
                                       self._lost_reported)
         return out
 
@@ -400,6 +405,10 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = []
         for mq in sort_queues(ends):
             stop = ends[mq]
+            begin = starts.get(mq)
+            if begin is not None and infos[mq].min_offset <= begin <= stop:
+                ranges.append(QueueRange(mq, begin, stop))   # (what logged_range_start answers)
+                continue
             if mq in starts:
                 first = logged_range_start(mq, starts[mq], stop, infos[mq],
                                            self.opts.fail_on_data_loss, self._lost_reported)

@@ -86,6 +86,10 @@ class StoreBackend(Backend):
         groups: dict[tuple[str, str], list[MessageQueue]] = {}
         for mq in mqs:
             groups.setdefault((mq.broker_name, mq.topic), []).append(mq)
+        if len(groups) == 1:   # (one topic of one store: the queues are already in order)
+            (broker, topic), group = next(iter(groups.items()))
+            return dict(zip(group, self.store(broker).queue_infos(
+                topic, [mq.queue_id for mq in group])))
         found: dict[MessageQueue, QueueInfo] = {}
         for (broker, topic), group in groups.items():
             infos = self.store(broker).queue_infos(topic, [mq.queue_id for mq in group])

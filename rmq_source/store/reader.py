@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from rmq_source.store import native
 from rmq_source.store.bodies import decompress_bodies
+from rmq_source.store.queue_poll import PolledTopic
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
 from rmq_source.backend import DataLossCallback, QueueInfo, ShortReadCallback
@@ -160,6 +161,7 @@ class Store:
         self._listings: dict[str, tuple[tuple, tuple[list, int]]] = {}  # see _segments_of
         self._min_offsets: dict[tuple[str, int], tuple[list, int, int]] = {}  # see queue_info
         self._commitlog: tuple[list, int, native.CommitLog] | None = None
+        self._polled: dict[str, PolledTopic] = {}   # topic -> see queue_infos
         self._lock = threading.RLock()
 
     def _check_root(self) -> None:
@@ -379,10 +381,29 @@ class Store:
         return QueueInfo(topic, queue_id, min(min_off, max_off), max_off)
 
     def queue_infos(self, topic: str, queue_ids) -> list[QueueInfo]:
-        """:meth:`queue_info` of several queues, listing the CommitLog folder once."""
+        """:meth:`queue_info` of several queues, listing the CommitLog folder once; queues whose
+        folder is unchanged since their listing was kept are answered in one C call
+        (:class:`rmq_source.store.queue_poll.PolledTopic`)."""
         cl = self.commitlog()
-        _check_real_dirs(f"{self.root}/consumequeue/{topic}")
-        return [self.queue_info(topic, q, commitlog=cl, _topic_checked=True) for q in queue_ids]
+        topic_dir = f"{self.root}/consumequeue/{topic}"
+        _check_real_dirs(topic_dir)
+        with self._lock:
+            polled = self._polled.get(topic)
+            if polled is None:
+                polled = self._polled[topic] = PolledTopic(topic)
+            return polled.infos(self, topic_dir, queue_ids, cl.min_offset, cl)
+
+    def _kept(self, topic: str, queue_id: int, cl_min: int):
+        """(folder key, live file, file size, min offset or None) of the queue's kept listing,
+        the min offset being the one kept for ``cl_min`` with that listing; None when nothing is
+        kept."""
+        hit = self._listings.get(self._queue_dir(topic, queue_id))
+        if hit is None or not hit[1][0]:
+            return None
+        key, (segs, size) = hit
+        known = self._min_offsets.get((topic, queue_id))
+        found = known is not None and known[0] is segs and known[1] == cl_min
+        return key, segs[-1], size, known[2] if found else None
 
     def queues(self, topics: list[str] | None = None) -> list[QueueInfo]:
         """Every queue of ``topics`` (default: all topics) with its current min/max offsets."""
@@ -589,6 +610,7 @@ class Store:
         with self._lock:
             self._listings.clear()
             self._min_offsets.clear()
+            self._polled.clear()
             self._commitlog = None
             for mapped in self._segments.values():
                 for seg in mapped.values():
