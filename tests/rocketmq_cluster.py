@@ -369,6 +369,8 @@ class NameServer(JavaServer):
             f"configStorePath={self.workdir / 'namesrv.properties.store'}",
             "serverWorkerThreads=2", "serverCallbackExecutorThreads=1", "serverSelectorThreads=1",
             "defaultThreadPoolNums=2", "clientRequestThreadPoolNums=2",
+            # routes carry a topic's ORDER_TOPIC_CONFIG when one is set (strictly ordered topics)
+            "orderMessageEnable=true",
         ]) + "\n")
         return ["-c", str(conf)]
 

@@ -212,3 +212,81 @@ def test_store_status_accepted_when_asked(cluster, spark, tmp_path):
     write(spark, cluster, df, "SinkLoose", requireStoreOk="false")
     got = dump(cluster, tmp_path, "SinkLoose", {"broker-s": 2})
     assert sorted(b.decode() for msgs in got.values() for _, b, _ in msgs) == sorted(f"l{i}" for i in range(20))
+
+
+def set_order_conf(cluster, topic, conf):
+    """The NameServer's ORDER_TOPIC_CONFIG for ``topic`` (PUT_KV_CONFIG): producers then place
+    messages by that fixed list, whether its brokers are up or not."""
+    with RemotingClient(timeout=15) as client:
+        client.invoke(cluster.namesrv_addr, 100, {"namespace": "ORDER_TOPIC_CONFIG", "key": topic, "value": conf})
+        assert rq.topic_route(client, cluster.namesrv_addr, topic).order_topic_conf == conf
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["route", "orderTopicConf"])
+def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, ordered):
+    """A streaming query copies a topic into the cluster while broker-b is SIGKILLed and
+    restarted: every message arrives and copies of one message share its UNIQ_KEY. The NameServer
+    drops a killed broker from the route at once, so with the route (as with RocketMQ's own
+    producer) a key's rows may go to another queue while the broker is away, each queue keeping
+    them in input order; with an order-topic configuration the publish list stays fixed and
+    every key stays in one queue in input order (one input queue: one task per batch, batches
+    in turn). Runs last in this module (it restarts broker-b)."""
+    from pyspark.sql import functions as F
+    n, topic = 1500, "SinkKillOrdered" if ordered else "SinkKill"
+    make_topic(cluster, topic)
+    if ordered:
+        set_order_conf(cluster, topic, "broker-a:4;broker-b:3")
+    with StoreWriter(tmp_path / "in", commitlog_file_size=1 << 20) as w:
+        w.create_topic("In", 1)
+        for i in range(n):
+            w.append("In", f"v{i}".encode(), queue_id=0,
+                     properties={"k": f"k{i % 11}"} if i % 3 else None)
+    src = (spark.readStream.format("rmq").option("storePath", str(tmp_path / "in")).option("topic", "In")
+           .option("startingOffsets", "earliest").option("maxMessagesPerTrigger", 50).load()
+           .select("body", F.col("properties")["k"].alias("shardingKey")))
+    query = (src.writeStream.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
+             .option("requestRetries", 12).option("retryBackoffMs", 300).option("batchMessages", 8)
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    killed = {}
+
+    def kill_and_restart():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (query.lastProgress or {}).get("batchId", -1) < 3:
+            time.sleep(0.05)
+        killed["active"] = query.isActive
+        cluster.brokers["broker-b"].kill()
+        time.sleep(3)
+        cluster.start_broker("broker-b")
+        killed["restarted"] = True
+    t = threading.Thread(target=kill_and_restart)
+    t.start()
+    try:
+        query.awaitTermination(600)
+    finally:
+        t.join(300)
+        if query.isActive:
+            query.stop()
+    assert query.exception() is None, query.exception()
+    assert killed == {"active": True, "restarted": True}, killed
+    assert (query.lastProgress or {}).get("batchId", 0) >= 20
+
+    got = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).load()
+           .select("body", "uniqKey", "brokerName", "queueId", "queueOffset").collect())
+    uniq_of = {}
+    for r in got:
+        uniq_of.setdefault(r.body, set()).add(r.uniqKey)
+    assert sorted(uniq_of) == sorted(f"v{i}".encode() for i in range(n))
+    assert all(len(u) == 1 for u in uniq_of.values()), "a message sent twice with two UNIQ_KEYs"
+    first = {}
+    for r in sorted(got, key=lambda r: (r.brokerName, r.queueId, r.queueOffset)):
+        first.setdefault(r.uniqKey, r)
+    for k in range(11):
+        mine = [r for r in first.values() if int(r.body[1:]) % 11 == k and int(r.body[1:]) % 3]
+        queues = {(r.brokerName, r.queueId) for r in mine}
+        if ordered:
+            assert len(queues) == 1, (k, queues)
+        for q in queues:
+            order = [int(r.body[1:]) for r in sorted(mine, key=lambda r: r.queueOffset)
+                     if (r.brokerName, r.queueId) == q]
+            assert order == sorted(order), (k, q)
+    assert {r.brokerName for r in first.values()} == {"broker-a", "broker-b"}

@@ -112,6 +112,9 @@ class _Topic:
     queues: list[PublishQueue]
     masters: dict[str, str]
     fetched: float
+    #: the publish list pinned rows are placed by, for the whole task: the first one seen, so a
+    #: broker leaving the route for a while does not move a key's later rows to another queue
+    pinned: list[PublishQueue]
     cursor: int = 0
     free: _Lane | None = None
 
@@ -150,9 +153,9 @@ class TaskProducer:
             return state
         route = fetch_route(self.client, self.opts, topic)
         queues = publish_queues(topic, route)
-        fresh = _Topic(queues, route.master_addrs(), time.monotonic())
+        fresh = _Topic(queues, route.master_addrs(), time.monotonic(), queues)
         if state is not None:
-            fresh.cursor, fresh.free = state.cursor, state.free
+            fresh.cursor, fresh.free, fresh.pinned = state.cursor, state.free, state.pinned
         self._topics[topic] = fresh
         return fresh
 
@@ -160,6 +163,8 @@ class TaskProducer:
         state = self._topic(topic)
         if not state.queues:
             state = self._topic(topic, refresh=True)
+        if not state.pinned and state.queues:
+            state.pinned = state.queues
         if not state.queues:
             raise RmqSendError(f"topic {topic} has no writable queue with a master in the cluster of "
                                f"NameServer {';'.join(self.opts.namesrv_addrs)} ({row_error}); check the "
@@ -190,16 +195,16 @@ class TaskProducer:
 
     def _pinned_queue(self, msg: Outgoing, state: _Topic) -> PublishQueue:
         if msg.pin[0] == "hash":
-            return state.queues[hash_index(msg.pin[1], len(state.queues))]
+            return state.pinned[hash_index(msg.pin[1], len(state.pinned))]
         _, broker, qid = msg.pin
-        brokers = sorted({q.broker for q in state.queues})
+        brokers = sorted({q.broker for q in state.pinned})
         if broker is None:
             if len(brokers) > 1:
                 raise self._row_error(msg, f"queueId {qid} without brokerName, but topic {msg.topic} "
                                            f"has writable queues on brokers {', '.join(brokers)}: add a "
                                            "brokerName column")
             broker = brokers[0]
-        ids = [q.queue_id for q in state.queues if q.broker == broker]
+        ids = [q.queue_id for q in state.pinned if q.broker == broker]
         if qid not in ids:
             have = f"queues 0..{max(ids)}" if ids else "no writable queue"
             raise self._row_error(msg, f"topic {msg.topic} has {have} on broker {broker!r} "

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 #: local properties Spark's micro-batch execution sets for the tasks of a batch
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+SPARK_CHECKPOINT_OPTION = "checkpointlocation"
 
 
 @dataclass
@@ -49,6 +50,8 @@ def prepare(options, schema, overwrite: bool, *, streaming: bool) -> SinkOptions
     if overwrite:
         raise RmqOptionError("the rmq sink only appends: a RocketMQ topic cannot be overwritten "
                              "(use mode('append'))")
+    if streaming:   # Spark's own option (it hands it to every stream writer), not the sink's
+        options = {k: v for k, v in options.items() if k.lower() != SPARK_CHECKPOINT_OPTION}
     opts = parse_sink_options(options, streaming=streaming)
     check_schema(schema, default_topic=opts.topic)
     if opts.topic is not None:
