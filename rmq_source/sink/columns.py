@@ -108,6 +108,8 @@ class Outgoing:
 
 
 def _props(row_error, tags, keys, user: list | None, uniq: str, delay: int | None) -> bytes:
+    if tags is None and keys is None and not user and not delay:
+        return f"UNIQ_KEY\x01{uniq}\x02WAIT\x01true\x02".encode()
     parts = []
     if user:
         for name, value in user:
@@ -145,9 +147,22 @@ def _props(row_error, tags, keys, user: list | None, uniq: str, delay: int | Non
     return data
 
 
-def _column(batch: pa.RecordBatch, name: str) -> list | None:
+def _column(batch: pa.RecordBatch, name: str, n: int) -> list:
     idx = batch.schema.get_field_index(name)
-    return None if idx < 0 else batch.column(idx).to_pylist()
+    return [None] * n if idx < 0 else batch.column(idx).to_pylist()
+
+
+class _RowError:
+    """Builds the error of one row (made only when a row fails)."""
+
+    __slots__ = ("partition", "row")
+
+    def __init__(self, partition: int):
+        self.partition, self.row = partition, 0
+
+    def __call__(self, what: str) -> RmqSinkRowError:
+        return RmqSinkRowError(f"partition {self.partition}, row {self.row}: {what}; nothing was sent "
+                               "for this row (the rows before it may have been)")
 
 
 def messages(batch: pa.RecordBatch, *, first_row: int, partition: int, keys: TaskKeys,
@@ -155,33 +170,30 @@ def messages(batch: pa.RecordBatch, *, first_row: int, partition: int, keys: Tas
     """The rows of ``batch`` (the task's rows ``first_row ...``) as messages; the first row that
     cannot be one raises :class:`RmqSinkRowError` naming the partition and row."""
     n = batch.num_rows
-    bodies = _column(batch, "body")
-    topics, tags, keys_col = _column(batch, "topic"), _column(batch, "tags"), _column(batch, "keys")
-    props, qids, brokers = _column(batch, "properties"), _column(batch, "queueId"), _column(batch, "brokerName")
-    shards, delays = _column(batch, "shardingKey"), _column(batch, "delayTimeLevel")
-    for i in range(n):
-        row = first_row + i
-
-        def row_error(what: str, row=row) -> RmqSinkRowError:
-            return RmqSinkRowError(f"partition {partition}, row {row}: {what}; nothing was sent for "
-                                   "this row (the rows before it may have been)")
-        body = bodies[i]
+    row_error = _RowError(partition)
+    key_of = keys.key
+    cols = [_column(batch, name, n) for name in ("body", "topic", "tags", "keys", "properties",
+                                                 "queueId", "brokerName", "shardingKey",
+                                                 "delayTimeLevel")]
+    topic_ok: set = set()
+    for row, (body, topic, tags, keys_v, props, qid, broker, shard, delay) in enumerate(zip(*cols), first_row):
+        row_error.row = row
         if body is None:
             raise row_error("body is null (every message needs a body)")
-        if isinstance(body, str):
+        if body.__class__ is str:
             body = body.encode()
         if len(body) > max_message_bytes:
             raise row_error(f"body of {len(body)} bytes exceeds maxMessageBytes ({max_message_bytes}: "
                             "the broker's maxMessageSize); split it or raise both limits")
-        topic = topics[i] if topics is not None and topics[i] is not None else default_topic
         if topic is None:
-            raise row_error("topic is null and the option topic is not given")
-        if not NAME_RE.fullmatch(topic) or len(topic) > 127:
-            raise row_error(f"topic {topic!r} is not a topic name (1-127 characters of [%|a-zA-Z0-9_-])")
+            topic = default_topic
+            if topic is None:
+                raise row_error("topic is null and the option topic is not given")
+        if topic not in topic_ok:
+            if not NAME_RE.fullmatch(topic) or len(topic) > 127:
+                raise row_error(f"topic {topic!r} is not a topic name (1-127 characters of [%|a-zA-Z0-9_-])")
+            topic_ok.add(topic)
         pin = None
-        qid = qids[i] if qids is not None else None
-        shard = shards[i] if shards is not None else None
-        broker = brokers[i] if brokers is not None else None
         if qid is not None:
             if shard is not None:
                 raise row_error("both queueId and shardingKey are set; a message goes to one queue")
@@ -192,11 +204,8 @@ def messages(batch: pa.RecordBatch, *, first_row: int, partition: int, keys: Tas
             raise row_error("brokerName is set without queueId")
         elif shard is not None:
             pin = ("hash", shard)
-        delay = delays[i] if delays is not None else None
         if delay is not None and delay < 0:
             raise row_error(f"delayTimeLevel {delay} is negative (0 or null: no delay; levels are "
                             "1..N of the broker's messageDelayLevel)")
-        data = _props(row_error, tags[i] if tags is not None else None,
-                      keys_col[i] if keys_col is not None else None,
-                      props[i] if props is not None else None, keys.key(row), delay)
+        data = _props(row_error, tags, keys_v, props, key_of(row), delay)
         yield Outgoing(row, topic, body, data, pin, bool(delay))

@@ -126,6 +126,8 @@ class SendStats:
     retries: int = 0
     #: messages accepted with a flush/slave status (requireStoreOk=false)
     unconfirmed: int = 0
+    #: the most requests the task had in flight at once
+    peak_in_flight: int = 0
 
 
 class TaskProducer:
@@ -216,13 +218,16 @@ class TaskProducer:
 
     # -- adding ---------------------------------------------------------------------------------
     def add(self, msg: Outgoing) -> None:
-        state = self._queues(msg.topic, f"partition {self.partition}, row {msg.row}")
+        state = self._topics.get(msg.topic)
+        if state is None or not state.queues:
+            state = self._queues(msg.topic, f"partition {self.partition}, row {msg.row}")
         if msg.pin is None:
             lane = state.free or self._next_free(msg.topic, state)
             state.free = lane
         else:
             lane = self._lane(msg.topic, self._pinned_queue(msg, state), True)
         size = msg.size
+        self._buffered += size
         if msg.delayed:
             self._close(lane)
             self._enqueue(lane, _Batch([msg], single=True))
@@ -234,10 +239,12 @@ class TaskProducer:
                     lane = state.free = self._next_free(msg.topic, state)
             lane.open.append(msg)
             lane.open_bytes += size
-        self._buffered += size
-        self._pump()
-        while self._buffered > self._buffer_limit and self._in_flight:
-            self._complete_oldest()
+        if self._buffered > self._buffer_limit:
+            # bounded memory: send what is open and wait until enough was acknowledged
+            for each in self._lanes.values():
+                self._close(each)
+            self._drain(lambda: self._buffered <= self._buffer_limit // 2)
+        elif self._ready:
             self._pump()
 
     def _close(self, lane: _Lane) -> None:
@@ -292,6 +299,7 @@ class TaskProducer:
             self._failed(lane, batch, str(exc), None)
             return
         self._in_flight.append((lane, batch, call))
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self._in_flight))
 
     def _master(self, lane: _Lane) -> str:
         state = self._topic(lane.topic)
@@ -382,14 +390,20 @@ class TaskProducer:
         """Send everything added; returns when every message was acknowledged (or raises)."""
         for lane in self._lanes.values():
             self._close(lane)
-        while True:
+        self._drain(lambda: False)
+        return self.stats
+
+    def _drain(self, enough) -> None:
+        """Send and wait for answers (sleeping through retry backoffs) until ``enough()`` or
+        nothing is left to send."""
+        while not enough():
             self._pump()
             if self._in_flight:
                 self._complete_oldest()
                 continue
             pending = [lane for lane in self._lanes.values() if lane.closed]
             if not pending:
-                return self.stats
+                return
             wake = min(lane.not_before for lane in pending)
             time.sleep(max(0.0, min(wake - time.monotonic(), MAX_BACKOFF_S)))
             for lane in pending:
