@@ -13,6 +13,12 @@ def test_options_reference_matches_the_parser():
         assert f"`{name}`" in text
 
 
+def test_sink_options_reference_matches_the_parser():
+    from rmq_source.sink.options import SINK_OPTION_DOCS
+    text = (DOCS / "sink.md").read_text(encoding="utf-8")
+    assert options_markdown(SINK_OPTION_DOCS) in text, "regenerate the table of docs/sink.md"
+
+
 def test_every_error_class_is_documented():
     import rmq_source.errors as errors
     text = (DOCS / "errors.md").read_text(encoding="utf-8")

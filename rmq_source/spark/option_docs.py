@@ -148,9 +148,9 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
 }
 
 
-def options_markdown() -> str:
-    """:data:`OPTION_DOCS` as a Markdown table (option, default, meaning)."""
+def options_markdown(docs: dict[str, tuple[str, str]] | None = None) -> str:
+    """``docs`` (default :data:`OPTION_DOCS`) as a Markdown table (option, default, meaning)."""
     lines = ["| option | default | meaning |", "|---|---|---|"]
-    for name, (default, text) in OPTION_DOCS.items():
+    for name, (default, text) in (OPTION_DOCS if docs is None else docs).items():
         lines.append(f"| `{name}` | {default} | {text.replace('|', '&#124;')} |")
     return "\n".join(lines)
