@@ -214,6 +214,56 @@ def test_store_status_accepted_when_asked(cluster, spark, tmp_path):
     assert sorted(b.decode() for msgs in got.values() for _, b, _ in msgs) == sorted(f"l{i}" for i in range(20))
 
 
+def _producer(cluster, topic, **options):
+    from rmq_source.sink.options import parse_sink_options
+    from rmq_source.sink.producer import TaskProducer
+    opts = parse_sink_options({"namesrvAddr": cluster.namesrv_addr, "topic": topic,
+                               **{k: str(v) for k, v in options.items()}}, streaming=False)
+    return TaskProducer(opts, 7), opts
+
+
+def _outgoing(opts, bodies, *, keys=None):
+    import pyarrow as pa
+    from rmq_source.sink.columns import messages
+    from rmq_source.sink.uniq import TaskKeys
+    cols = {"body": bodies}
+    if keys is not None:
+        cols["shardingKey"] = keys
+    return messages(pa.RecordBatch.from_pydict(cols), first_row=0, partition=7, keys=TaskKeys("p", 0, 7),
+                    default_topic=opts.topic, max_message_bytes=opts.max_message_bytes)
+
+
+def test_producer_keeps_several_queues_in_flight(cluster, tmp_path):
+    topic = "SinkInFlight"
+    make_topic(cluster, topic)
+    producer, opts = _producer(cluster, topic, batchMessages=4, maxInFlight=3)
+    bodies = [b"f%d" % i for i in range(200)]
+    for msg in _outgoing(opts, bodies):
+        producer.add(msg)
+    stats = producer.flush()
+    assert (stats.messages, stats.retries, stats.peak_in_flight) == (200, 0, 3)
+    got = dump(cluster, tmp_path, topic)
+    assert sorted(b for msgs in got.values() for _, b, _ in msgs) == sorted(bodies)
+    for msgs in got.values():     # one task's rows in one queue are stored in row order
+        rows = [int(b[1:]) for _, b, _ in msgs]
+        assert rows == sorted(rows)
+
+
+def test_producer_memory_is_bounded(cluster):
+    """Rows spread by key over every queue: open batches are sent when the buffered bytes pass
+    the bound instead of growing with the queues."""
+    topic = "SinkBound"
+    make_topic(cluster, topic, {"broker-a": 16, "broker-b": 16})
+    producer, opts = _producer(cluster, topic, batchMessages=1000, batchBytes=65536)
+    body = b"x" * 2048
+    peak = 0
+    for msg in _outgoing(opts, [body] * 9000, keys=[f"k{i}" for i in range(9000)]):
+        producer.add(msg)
+        peak = max(peak, producer._buffered)
+    assert peak <= producer._buffer_limit + len(body) + 200
+    assert producer.flush().messages == 9000
+
+
 def set_order_conf(cluster, topic, conf):
     """The NameServer's ORDER_TOPIC_CONFIG for ``topic`` (PUT_KV_CONFIG): producers then place
     messages by that fixed list, whether its brokers are up or not."""
