@@ -264,6 +264,55 @@ def test_producer_memory_is_bounded(cluster):
     assert producer.flush().messages == 9000
 
 
+def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path):
+    """SIGKILL a streaming query (driver, JVM, workers) while a batch is being sent, restart it
+    from its checkpoint: the re-run batch sends its rows with the same UNIQ_KEYs (query id and
+    batch id come back from the checkpoint), nothing is lost, keys stay in their queue and order."""
+    from fault_helpers import procs
+    n, topic = 1200, "SinkCrash"
+    make_topic(cluster, topic)
+    with StoreWriter(tmp_path / "in", commitlog_file_size=1 << 20) as w:
+        w.create_topic("In", 1)
+        for i in range(n):
+            w.append("In", f"c{i}".encode(), queue_id=0, properties={"k": f"k{i % 5}"})
+    args = ["--store", str(tmp_path / "in"), "--sink", "unused", "--checkpoint", str(tmp_path / "chk"),
+            "--topic", "In", "--max-per-trigger", "100",
+            "--rmq-sink", f"namesrvAddr={cluster.namesrv_addr}", "--rmq-sink", f"topic={topic}",
+            "--rmq-sink", "batchMessages=2", "--rmq-sink", "maxInFlight=1"]
+    proc = procs.start("stream_query.py", args, tmp_path, "first")
+
+    def stored() -> int:
+        total = 0
+        for broker in QUEUES:
+            total += sum(q.max_offset for q in rq.topic_stats(client, cluster.brokers[broker].addr, topic).values())
+        return total
+    try:
+        with RemotingClient(timeout=15) as client:
+            # kill while a batch is half sent (100 rows a batch, sent 2 at a time, one request at once)
+            procs.wait_for(lambda: (lambda t: t >= 200 and t % 100)(stored()), 240, "a batch half sent",
+                           proc=proc, interval=0.002)
+    finally:
+        procs.kill_group(proc)
+    again = procs.start("stream_query.py", [*args, "--trigger", "availableNow"], tmp_path, "again")
+    assert again.wait(timeout=300) == 0, procs.tail(tmp_path, "again")
+
+    got = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).load()
+           .select("body", "uniqKey", "brokerName", "queueId", "queueOffset").collect())
+    uniq_of = {}
+    for r in got:
+        uniq_of.setdefault(r.body, set()).add(r.uniqKey)
+    assert sorted(uniq_of) == sorted(f"c{i}".encode() for i in range(n))
+    assert all(len(u) == 1 for u in uniq_of.values())
+    assert len(got) > n, "the killed batch was not re-sent (the test did not kill mid-batch)"
+    first = {}
+    for r in sorted(got, key=lambda r: (r.brokerName, r.queueId, r.queueOffset)):
+        first.setdefault(r.uniqKey, r)
+    for k in range(5):
+        mine = sorted((r for r in first.values() if int(r.body[1:]) % 5 == k), key=lambda r: r.queueOffset)
+        assert len({(r.brokerName, r.queueId) for r in mine}) == 1
+        assert [int(r.body[1:]) for r in mine] == sorted(int(r.body[1:]) for r in mine)
+
+
 def set_order_conf(cluster, topic, conf):
     """The NameServer's ORDER_TOPIC_CONFIG for ``topic`` (PUT_KV_CONFIG): producers then place
     messages by that fixed list, whether its brokers are up or not."""
