@@ -21,14 +21,13 @@ Target (issue 13): the Spark write's rate >= the Java producer's batch send (rat
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import common  # noqa: F401  (puts the checkout on sys.path)
-from common import REPO, print_machine, print_table, spark_session
+from common import REPO, print_machine, print_table, run_java_client, spark_session
 
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -100,19 +99,8 @@ def body() -> bytes:
 
 
 def java(cluster, workdir: Path, n: int, batch: int, passes: int) -> list[tuple[int, float, float]]:
-    src = workdir / "java"
-    src.mkdir(exist_ok=True)
-    (src / "BatchSend.java").write_text(JAVA_SEND)
-    cp = rocketmq_cluster.java_class_path(cluster.jars)
-    subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "BatchSend.java")],
-                   check=True, capture_output=True, timeout=300)
-    proc = subprocess.run(["java", "-Xmx512m", *rocketmq_cluster.ADD_OPENS, f"-Duser.home={src}",
-                           "-Drocketmq.client.logUseSlf4j=true", "-cp", f"{src}:{cp}", "BatchSend",
-                           cluster.namesrv_addr, TOPIC, str(n), str(batch), str(passes)],
-                          capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("PASS ")]
+    lines = run_java_client(cluster, workdir, "BatchSend", JAVA_SEND, [TOPIC, str(n), str(batch), str(passes)])
+    rows = [line.split() for line in lines if line.startswith("PASS ")]
     return [(int(r[2]), int(r[3]) / 1e9, int(r[4]) / 1e9) for r in rows]
 
 

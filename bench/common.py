@@ -430,3 +430,24 @@ def _ceiling_source_class():
 
 def register_ceiling_source(spark) -> None:
     spark.dataSource.register(_ceiling_source_class())
+
+
+def run_java_client(cluster, workdir: Path, main: str, source: str, args: Sequence[str], *,
+                    timeout: float = 3600) -> list[str]:
+    """Compile ``source`` (class ``main``) against the cluster's RocketMQ client jars under
+    ``workdir/java`` and run it with the NameServer address as first argument; its stdout lines."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import rocketmq_cluster
+    src = Path(workdir) / "java"
+    src.mkdir(exist_ok=True)
+    (src / f"{main}.java").write_text(source)
+    cp = rocketmq_cluster.java_class_path(cluster.jars)
+    subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / f"{main}.java")],
+                   check=True, capture_output=True, timeout=300)
+    proc = subprocess.run(["java", "-Xmx512m", *rocketmq_cluster.ADD_OPENS, f"-Duser.home={src}",
+                           "-Drocketmq.client.logUseSlf4j=true", "-cp", f"{src}:{cp}", main,
+                           cluster.namesrv_addr, *args],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
+    return proc.stdout.splitlines()

@@ -3,7 +3,6 @@ consumer and by our source, RocketMQ's own hash queue selector, broker refusals,
 under a streaming write."""
 from __future__ import annotations
 
-import base64
 import threading
 import time
 
@@ -264,6 +263,36 @@ def test_producer_memory_is_bounded(cluster):
     assert producer.flush().messages == 9000
 
 
+def check_copies(spark, cluster, topic, bodies, keys_of, *, one_queue: bool = True):
+    """Read ``topic`` back with our source: exactly ``bodies`` (each maybe more than once), every
+    copy of a body with the same UNIQ_KEY; per key (``keys_of(body)``, None: no key), counting first
+    copies only, its messages in input order within each queue, and with ``one_queue`` all in one
+    queue. Returns the rows read."""
+    got = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).load()
+           .select("body", "uniqKey", "brokerName", "queueId", "queueOffset").collect())
+    uniq_of = {}
+    for r in got:
+        uniq_of.setdefault(r.body, set()).add(r.uniqKey)
+    assert sorted(uniq_of) == sorted(bodies)
+    assert all(len(u) == 1 for u in uniq_of.values()), "a message sent twice with two UNIQ_KEYs"
+    first = {}
+    for r in sorted(got, key=lambda r: (r.brokerName, r.queueId, r.queueOffset)):
+        first.setdefault(r.uniqKey, r)
+    by_key = {}
+    for r in first.values():
+        if keys_of(r.body) is not None:
+            by_key.setdefault(keys_of(r.body), []).append(r)
+    for key, mine in by_key.items():
+        queues = {(r.brokerName, r.queueId) for r in mine}
+        if one_queue:
+            assert len(queues) == 1, (key, queues)
+        for q in queues:
+            order = [int(r.body[1:]) for r in sorted(mine, key=lambda r: r.queueOffset)
+                     if (r.brokerName, r.queueId) == q]
+            assert order == sorted(order), (key, q)
+    return got
+
+
 def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path):
     """SIGKILL a streaming query (driver, JVM, workers) while a batch is being sent, restart it
     from its checkpoint: the re-run batch sends its rows with the same UNIQ_KEYs (query id and
@@ -296,21 +325,9 @@ def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp
     again = procs.start("stream_query.py", [*args, "--trigger", "availableNow"], tmp_path, "again")
     assert again.wait(timeout=300) == 0, procs.tail(tmp_path, "again")
 
-    got = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).load()
-           .select("body", "uniqKey", "brokerName", "queueId", "queueOffset").collect())
-    uniq_of = {}
-    for r in got:
-        uniq_of.setdefault(r.body, set()).add(r.uniqKey)
-    assert sorted(uniq_of) == sorted(f"c{i}".encode() for i in range(n))
-    assert all(len(u) == 1 for u in uniq_of.values())
+    got = check_copies(spark, cluster, topic, [f"c{i}".encode() for i in range(n)],
+                       lambda body: int(body[1:]) % 5)
     assert len(got) > n, "the killed batch was not re-sent (the test did not kill mid-batch)"
-    first = {}
-    for r in sorted(got, key=lambda r: (r.brokerName, r.queueId, r.queueOffset)):
-        first.setdefault(r.uniqKey, r)
-    for k in range(5):
-        mine = sorted((r for r in first.values() if int(r.body[1:]) % 5 == k), key=lambda r: r.queueOffset)
-        assert len({(r.brokerName, r.queueId) for r in mine}) == 1
-        assert [int(r.body[1:]) for r in mine] == sorted(int(r.body[1:]) for r in mine)
 
 
 def set_order_conf(cluster, topic, conf):
@@ -369,23 +386,6 @@ def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, ordered):
     assert killed == {"active": True, "restarted": True}, killed
     assert (query.lastProgress or {}).get("batchId", 0) >= 20
 
-    got = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).load()
-           .select("body", "uniqKey", "brokerName", "queueId", "queueOffset").collect())
-    uniq_of = {}
-    for r in got:
-        uniq_of.setdefault(r.body, set()).add(r.uniqKey)
-    assert sorted(uniq_of) == sorted(f"v{i}".encode() for i in range(n))
-    assert all(len(u) == 1 for u in uniq_of.values()), "a message sent twice with two UNIQ_KEYs"
-    first = {}
-    for r in sorted(got, key=lambda r: (r.brokerName, r.queueId, r.queueOffset)):
-        first.setdefault(r.uniqKey, r)
-    for k in range(11):
-        mine = [r for r in first.values() if int(r.body[1:]) % 11 == k and int(r.body[1:]) % 3]
-        queues = {(r.brokerName, r.queueId) for r in mine}
-        if ordered:
-            assert len(queues) == 1, (k, queues)
-        for q in queues:
-            order = [int(r.body[1:]) for r in sorted(mine, key=lambda r: r.queueOffset)
-                     if (r.brokerName, r.queueId) == q]
-            assert order == sorted(order), (k, q)
-    assert {r.brokerName for r in first.values()} == {"broker-a", "broker-b"}
+    got = check_copies(spark, cluster, topic, [f"v{i}".encode() for i in range(n)],
+                       lambda body: int(body[1:]) % 11 if int(body[1:]) % 3 else None, one_queue=ordered)
+    assert {r.brokerName for r in got} == {"broker-a", "broker-b"}
