@@ -52,6 +52,11 @@ class StoreBackend(Backend):
     """Broker store folders; ``brokers`` maps each broker name to its store root. Group state
     lives in ``state_dir`` (``offsetStorePath``; by default beside the first store)."""
 
+    #: A task reads a queue of a few small messages in about 15 us (its listing checked, its
+    #: range scanned in a C call shared with other queues: bench/bench_scale.py), what a task
+    #: takes about 8 KiB of rows in (at the rate QUEUE_COST_BYTES assumes, 64 KiB per 0.1 ms).
+    queue_cost_bytes = 8 << 10
+
     def __init__(self, brokers: Mapping[str, str], state_dir: str | None = None):
         from rmq_source.group.offset_store import default_offset_store_path
         self.brokers = dict(sorted(brokers.items()))
