@@ -164,9 +164,10 @@ def test_scan_ranges_matches_scan_queue(store_root):
     assert native.live_batches() >= 0
 
 
-def _corrupt_middle_record(root, store) -> tuple[int, str, int]:
+def _corrupt_middle_record(root) -> tuple[int, str, int]:
     """Break the magic code of a record of the middle queue; (queue id, file, position)."""
     mid = QUEUES // 2
+    store = Store(root, broker_name=BROKER)   # (a sanitizer build reads files when opened)
     rows = store.read(TOPIC, mid, 0, store.max_offset(TOPIC, mid))
     phy = rows.column("commitLogOffset")[rows.num_rows // 2].as_py()
     size = store.commitlog().file_size
@@ -181,8 +182,8 @@ def test_a_corrupt_record_names_file_and_position(store_root, tmp_path):
     import shutil
     root = tmp_path / "store"
     shutil.copytree(store_root, root)
+    _, path, pos = _corrupt_middle_record(root)
     store = Store(root, broker_name=BROKER)
-    mid, path, pos = _corrupt_middle_record(root, store)
     ranges = [(TOPIC, q, 0, store.max_offset(TOPIC, q)) for q in range(QUEUES)]
     with pytest.raises(RmqCorruptStoreError) as one:
         _one_by_one(store, ranges, Calls())
