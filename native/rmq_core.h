@@ -189,6 +189,29 @@ int rmq_lookup_time(const rmq_files *cl, const rmq_files *cq, int64_t min_offset
                     int64_t max_offset, int64_t timestamp_ms, int64_t *out, rmq_error *err);
 int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *args,
                    rmq_batch **out, rmq_error *err);
+/* The ranges of rmq_scan_ranges: n entries per array, the outs filled by the scan. */
+typedef struct rmq_ranges {
+    int64_t n;                /* >= 1 */
+    rmq_files **cqs;          /* each range's ConsumeQueue (queues of the scan's topic) */
+    const int64_t *starts;    /* first queue offset (inclusive) */
+    const int64_t *ends;      /* last queue offset (exclusive), >= start */
+    const int32_t *queue_ids; /* the queue each range reads (check_queue) */
+    int64_t *rows;            /* out: the batch's rows from each range (they follow range order) */
+    int64_t *next_offsets;    /* out: queue offset where each range's scan stopped */
+    int32_t *statuses;        /* out: enum rmq_status of each range */
+    int64_t done;             /* out: ranges examined, their outs set but on an error (then the
+                                 failing range is done - 1) */
+} rmq_ranges;
+
+/* rmq_scan_queue of several ranges in turn into one batch: range i is scanned as rmq_scan_queue
+ * scans [starts[i], ends[i]) of cqs[i] with a->queue_id = queue_ids[i] (a->start, a->end and
+ * a->queue_id are not used); max_rows and max_bytes bound the whole batch (its first row is
+ * always accepted, a later range's first row is not). The scan stops after the first range whose
+ * status is not RMQ_ST_END (FULL: the batch is full; CQ_END; CL_GONE): that is range done - 1,
+ * and the batch's next_offset, scanned and status are its own. An error (naming file and
+ * position, as rmq_scan_queue's) frees the batch. */
+int rmq_scan_ranges(const rmq_files *cl, const rmq_scan_args *a, rmq_ranges *r,
+                    rmq_batch **out, rmq_error *err);
 /* Decode the CommitLog records laid end to end in buf[0, len) (a PULL_MESSAGE answer body) into
  * a batch, as rmq_scan_queue does from the store. Every record must be a message of queue
  * (a->topic, a->queue_id) (check_queue is required; LMQ multi-dispatch records as in a scan), in

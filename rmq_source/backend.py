@@ -79,6 +79,10 @@ class Backend(abc.ABC):
 
     #: The description tasks receive to open this backend in their own process.
     spec: BackendSpec
+    #: What one more queue costs a task beyond its messages (finding it, its first read, the
+    #: bookkeeping of its range), as bytes of rows: the task sizing adds it to every range's
+    #: weight. None: the planner's default (:data:`rmq_source.spark.planner.QUEUE_COST_BYTES`).
+    queue_cost_bytes: int | None = None
 
     # -- queues --------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -155,6 +155,20 @@ def test_plan_without_num_partitions_packs_small_queues(many_queues, monkeypatch
     assert len(plan_batch(_opts(many_queues, numPartitions="200"))) == 200
 
 
+def test_a_backend_states_its_queue_cost(many_queues):
+    """The store's queue cost (its tasks scan many queues per C call) weighs a range, not the
+    default; with it 10,000 queues of 10 small messages fit the parallelism's tasks."""
+    backend = open_backend(_opts(many_queues))
+    ranges = [QueueRange(MessageQueue("M", "broker-a", q), 0, 5) for q in range(200)]
+    sizing = task_sizing(_opts(many_queues), backend, ranges)
+    assert sizing.queue_cost_bytes == backend.queue_cost_bytes < QUEUE_COST_BYTES
+    assert sizing.weight(ranges[0]) == 5 * sizing.offset_bytes["M"] + backend.queue_cost_bytes
+    assert TaskSizing(2, 128 << 20).queue_cost_bytes == QUEUE_COST_BYTES
+    wide = _ranges([10] * 10_000)
+    sized = TaskSizing(2, 128 << 20, {"T": 282}, backend.queue_cost_bytes)
+    assert len(plan_tasks(wide, AVG, "", None, True, None, sizing=sized)) == 2
+
+
 def test_sampled_weight_follows_the_subscription(many_queues):
     backend = open_backend(_opts(many_queues))
     ranges = [QueueRange(MessageQueue("M", "broker-a", q), 0, 5) for q in range(200)]

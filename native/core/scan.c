@@ -1,5 +1,6 @@
 /* native/core/scan.c - part of the C core's one translation unit (see rmq_core.c).
- * Queue scans: unfiltered and tag-filtered walks of ConsumeQueue units (rmq_scan_queue).
+ * Queue scans: unfiltered and tag-filtered walks of ConsumeQueue units, of one range
+ * (rmq_scan_queue) or of many ranges of one topic's queues into one batch (rmq_scan_ranges).
  */
 
 /* ------------------------------------------------------------------------------------------ */
@@ -253,6 +254,99 @@ static void batch_finish(scanner *sc) {
     b->bufs[RMQ_B_PVAL_OFF].len = (b->prop_items + 1) * 4;
 }
 
+/* The checks every scan's arguments pass (the range itself aside). */
+static int scan_args_ok(const rmq_scan_args *a) {
+    return a && a->max_rows >= 1 && a->max_bytes >= 1 && a->max_bytes <= INT32_MAX &&
+           !(a->filter && a->ncodes > 0 && !a->codes) &&
+           !(a->check_tags && (!a->filter || (a->ntags > 0 && (!a->tags || !a->tag_lens)))) &&
+           !(a->check_queue && (!a->topic || a->topic_len < 1));
+}
+
+static int range_ok(int64_t start, int64_t end) {
+    return start >= 0 && end >= start && end <= INT64_MAX / CQ_UNIT;
+}
+
+/* A scanner over a new batch sized for hint_rows rows and hint_bytes body bytes; the state the
+ * ranges of one topic share (topic words, tag codes, CommitLog min). sc->a and sc->cq are set
+ * per range (scan_range). */
+static int scanner_open(scanner *sc, const rmq_files *cl, const rmq_scan_args *a,
+                        int64_t hint_rows, int64_t hint_bytes, rmq_error *err) {
+    memset(sc, 0, sizeof *sc);
+    sc->a = a;
+    sc->rowcap = hint_rows + 8;
+    sc->b = batch_new(sc->rowcap);
+    if (!sc->b) return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
+    if (hint_bytes > 0 && buf_reserve(&sc->b->bufs[RMQ_B_BODY_DATA], hint_bytes)) {
+        rmq_batch_free(sc->b);
+        sc->b = NULL;
+        return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
+    }
+    sc->cl_min = cl->count ? cl->segs[0]->file_start : 0;
+    sc->lead_end = -1;
+    if (a->check_queue && a->topic_len <= 16) {
+        uint8_t w[16] = {0}, m[16] = {0};
+        memcpy(w, a->topic, (size_t)a->topic_len);
+        memset(m, 0xFF, (size_t)a->topic_len);
+        memcpy(sc->topic_w, w, 16);
+        memcpy(sc->topic_m, m, 16);
+        sc->topic16 = 1;
+    }
+    if (hint_bytes >= RMQ_STREAM_MIN) body_stream_start(sc, stream_mode());
+    fast_codes_init(&sc->fc, sc->a);
+    return RMQ_OK;
+}
+
+/* Scan units [a->start, a->end) of cq into the scanner's batch (a: the range's arguments, whose
+ * tag filter and topic are those the scanner was opened with). Returns an RMQ_ST_* status or
+ * 100 + an error code; *np = where the scan stopped. */
+static int scan_range(scanner *sc, const rmq_files *cl, const rmq_files *cq,
+                      const rmq_scan_args *a, int64_t *np, rmq_error *err) {
+    sc->a = a;
+    sc->cq = cq;
+    sc->lead_end = -1;
+    int64_t n = a->start;
+    int rc = RMQ_ST_END;
+    while (n < a->end) {
+        /* locate the CQ file of unit n and walk the units it holds */
+        unit u0;
+        const rmq_segment *cseg = NULL;
+        int64_t cpos = 0;
+        int r0 = cq_unit_at(cq, n, &u0, &cseg, &cpos, err);
+        if (r0 == -1) {
+            rc = RMQ_ST_CQ_END;
+            break;
+        }
+        if (r0) {
+            rc = 100 + r0;
+            break;
+        }
+        int64_t in_file = (cseg->size - cpos) / CQ_UNIT;
+        int64_t stop = n + in_file < a->end ? n + in_file : a->end;
+        const uint8_t *up = cseg->base + cpos;
+        int res = a->filter ? run_filtered(sc, cl, cseg, up, &n, stop, err)
+                            : run_all(sc, cl, cseg, up, &n, stop, err);
+        if (res == RUN_MORE) continue;
+        rc = res;
+        break;
+    }
+    *np = n;
+    return rc;
+}
+
+/* Free the scanner's scratch; finish its batch when `code` is RMQ_OK, else free it. */
+static void scanner_close(scanner *sc, int code) {
+    if (!code) batch_finish(sc);
+    free(sc->props);
+    free(sc->hash);
+#if RMQ_SSE2
+    if (sc->stream) _mm_sfence(); /* order the streaming stores before the batch is handed over */
+#endif
+    if (code) {
+        rmq_batch_free(sc->b);
+        sc->b = NULL;
+    }
+}
+
 int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args *a,
                    rmq_batch **out, rmq_error *err) {
     clear_err(err);
@@ -261,11 +355,7 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
     if (rc) return rc;
     rc = check_files(cq, "ConsumeQueue", err);
     if (rc) return rc;
-    if (!out || !a || a->start < 0 || a->end < a->start || a->end > INT64_MAX / CQ_UNIT ||
-        a->max_rows < 1 || a->max_bytes < 1 || a->max_bytes > INT32_MAX ||
-        (a->filter && a->ncodes > 0 && !a->codes) ||
-        (a->check_tags && (!a->filter || (a->ntags > 0 && (!a->tags || !a->tag_lens)))) ||
-        (a->check_queue && (!a->topic || a->topic_len < 1)))
+    if (!out || !scan_args_ok(a) || !range_ok(a->start, a->end))
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad scan arguments");
 
     /* Size the batch up front from the CQ unit sizes (an upper bound of the body bytes) that the
@@ -277,70 +367,86 @@ int rmq_scan_queue(const rmq_files *cl, const rmq_files *cq, const rmq_scan_args
         if (hint_rows < 64) hint_rows = 64;
     }
     scanner sc;
-    memset(&sc, 0, sizeof sc);
-    sc.a = a;
-    sc.rowcap = hint_rows + 8;
-    sc.b = batch_new(sc.rowcap);
-    if (!sc.b) return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
-    rmq_batch *b = sc.b;
-    if (hint_bytes > 0 && buf_reserve(&b->bufs[RMQ_B_BODY_DATA], hint_bytes)) {
-        rmq_batch_free(b);
-        return set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory");
-    }
-    sc.cl_min = cl->count ? cl->segs[0]->file_start : 0;
-    sc.cq = cq;
-    sc.lead_end = -1;
-    if (a->check_queue && a->topic_len <= 16) {
-        uint8_t w[16] = {0}, m[16] = {0};
-        memcpy(w, a->topic, (size_t)a->topic_len);
-        memset(m, 0xFF, (size_t)a->topic_len);
-        memcpy(sc.topic_w, w, 16);
-        memcpy(sc.topic_m, m, 16);
-        sc.topic16 = 1;
-    }
-    if (hint_bytes >= RMQ_STREAM_MIN) body_stream_start(&sc, stream_mode());
-    fast_codes_init(&sc.fc, a);
-    int status = RMQ_ST_END;
+    rc = scanner_open(&sc, cl, a, hint_rows, hint_bytes, err);
+    if (rc) return rc;
     int64_t n = a->start;
-    int code = RMQ_OK;
-    while (n < a->end) {
-        /* locate the CQ file of unit n and walk the units it holds */
-        unit u0;
-        const rmq_segment *cseg = NULL;
-        int64_t cpos = 0;
-        int r0 = cq_unit_at(cq, n, &u0, &cseg, &cpos, err);
-        if (r0 == -1) {
-            status = RMQ_ST_CQ_END;
-            break;
-        }
-        if (r0) {
-            code = r0;
-            break;
-        }
-        int64_t in_file = (cseg->size - cpos) / CQ_UNIT;
-        int64_t stop = n + in_file < a->end ? n + in_file : a->end;
-        const uint8_t *up = cseg->base + cpos;
-        int res = a->filter ? run_filtered(&sc, cl, cseg, up, &n, stop, err)
-                            : run_all(&sc, cl, cseg, up, &n, stop, err);
-        if (res == RUN_MORE) continue;
-        if (res >= 100) code = res - 100;
-        else status = res;
-        break;
-    }
-    if (!code) batch_finish(&sc);
-    free(sc.props);
-    free(sc.hash);
-#if RMQ_SSE2
-    if (sc.stream) _mm_sfence(); /* order the streaming stores before the batch is handed over */
-#endif
-    if (code) {
-        rmq_batch_free(b);
-        return code;
-    }
+    int res = scan_range(&sc, cl, cq, a, &n, err);
+    int code = res >= 100 ? res - 100 : RMQ_OK;
+    rmq_batch *b = sc.b;
+    scanner_close(&sc, code);
+    if (code) return code;
     b->next_offset = n;
     b->scanned = n - a->start;
-    b->status = status;
+    b->status = res;
     *out = b;
     return RMQ_OK;
 }
 
+int rmq_scan_ranges(const rmq_files *cl, const rmq_scan_args *a, rmq_ranges *r,
+                    rmq_batch **out, rmq_error *err) {
+    clear_err(err);
+    if (out) *out = NULL;
+    if (r) r->done = 0;
+    int rc = check_files(cl, "CommitLog", err);
+    if (rc) return rc;
+    if (!out || !scan_args_ok(a) || !r || r->n < 1 || !r->cqs || !r->starts || !r->ends ||
+        !r->queue_ids || !r->rows || !r->next_offsets || !r->statuses)
+        return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad scan arguments");
+    for (int64_t i = 0; i < r->n; i++) {
+        rc = check_files(r->cqs[i], "ConsumeQueue", err);
+        if (rc) return rc;
+        if (!range_ok(r->starts[i], r->ends[i]))
+            return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad scan range %lld: [%lld, %lld)",
+                           (long long)i, (long long)r->starts[i], (long long)r->ends[i]);
+    }
+    /* each range's own arguments: a copy of a with its offsets and queue */
+    rmq_scan_args ra = *a;
+    /* sized up front as rmq_scan_queue sizes one range, over the ranges until the batch's
+     * limits are reached */
+    int64_t hint_rows = 0, hint_bytes = 0;
+    if (!a->filter) {
+        for (int64_t i = 0; i < r->n && hint_rows < a->max_rows && hint_bytes < a->max_bytes;
+             i++) {
+            int64_t rows = 0, bytes = 0;
+            ra.start = r->starts[i];
+            ra.end = r->ends[i];
+            ra.max_rows = a->max_rows - hint_rows;
+            ra.max_bytes = a->max_bytes - hint_bytes;
+            plan_unfiltered(cl, r->cqs[i], &ra, &rows, &bytes);
+            hint_rows += rows;
+            hint_bytes += bytes;
+        }
+        ra.max_rows = a->max_rows;
+        ra.max_bytes = a->max_bytes;
+    }
+    if (hint_rows < 64) hint_rows = 64;
+    scanner sc;
+    rc = scanner_open(&sc, cl, &ra, hint_rows, hint_bytes, err);
+    if (rc) return rc;
+    int res = RMQ_ST_END, code = RMQ_OK;
+    int64_t i = 0, n = 0;
+    for (; i < r->n; i++) {
+        int64_t rows0 = sc.b->rows;
+        ra.start = r->starts[i];
+        ra.end = r->ends[i];
+        ra.queue_id = r->queue_ids[i];
+        res = scan_range(&sc, cl, r->cqs[i], &ra, &n, err);
+        r->done = i + 1;
+        if (res >= 100) {
+            code = res - 100;
+            break;
+        }
+        r->rows[i] = sc.b->rows - rows0;
+        r->next_offsets[i] = n;
+        r->statuses[i] = res;
+        if (res != RMQ_ST_END) break;
+    }
+    rmq_batch *b = sc.b;
+    scanner_close(&sc, code);
+    if (code) return code;
+    b->next_offset = n;
+    b->scanned = n - ra.start;
+    b->status = res;
+    *out = b;
+    return RMQ_OK;
+}

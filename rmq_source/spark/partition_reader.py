@@ -34,7 +34,8 @@ class RangeSpec:
 
     @property
     def mq(self) -> MessageQueue:
-        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+        # shared: a task over thousands of queues would otherwise build (and check) each anew
+        return MessageQueue.of(self.topic, self.broker_name, self.queue_id)
 
 
 @dataclass(frozen=True)

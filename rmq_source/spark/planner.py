@@ -44,8 +44,10 @@ class ReadTask:
 
 
 #: A queue's fixed cost in a task (finding its files or its broker, the first scan or pull, the
-#: Python around each range) as bytes of rows: in the store mode a queue of a few small messages
-#: costs a task about 0.1 ms (bench/bench_scale.py), what Spark takes about 64 KiB of rows in.
+#: Python around each range) as bytes of rows, for a backend that states none of its own
+#: (Backend.queue_cost_bytes): a queue of a few small messages cost a store task about 0.1 ms
+#: when every range had its own C call (bench/bench_scale.py), what Spark takes about 64 KiB of
+#: rows in.
 QUEUE_COST_BYTES = 64 << 10
 #: The bytes per queue offset assumed for a topic when no message could be sampled.
 UNSAMPLED_OFFSET_BYTES = 1024
@@ -66,17 +68,18 @@ class TaskSizing:
     """How many tasks a plan without ``numPartitions`` gets, and what each weighs.
 
     A range weighs its offsets times the topic's bytes per offset (sampled with the query's
-    subscription; see :mod:`.sizing`) plus :data:`QUEUE_COST_BYTES`. The plan gets ``max(parallelism,
+    subscription; see :mod:`.sizing`) plus ``queue_cost_bytes``. The plan gets ``max(parallelism,
     ceil(total weight / max_partition_bytes))`` tasks, but never more than the queues with data.
     """
 
     parallelism: int
     max_partition_bytes: int
     offset_bytes: dict[str, float] = field(default_factory=dict)   # topic -> bytes per offset
+    queue_cost_bytes: float = QUEUE_COST_BYTES      # a backend's own (Backend.queue_cost_bytes)
 
     def weight(self, r: QueueRange) -> float:
         return ((r.end - r.start) * self.offset_bytes.get(r.mq.topic, UNSAMPLED_OFFSET_BYTES)
-                + QUEUE_COST_BYTES)
+                + self.queue_cost_bytes)
 
     def task_count(self, total_weight: float, slots_with_data: int) -> int:
         wanted = max(self.parallelism, math.ceil(total_weight / self.max_partition_bytes))

@@ -9,7 +9,7 @@ import operator
 import pyarrow.compute as pc
 
 from rmq_source.errors import RmqSourceError
-from rmq_source.spark.planner import QueueRange, TaskSizing, default_parallelism
+from rmq_source.spark.planner import QUEUE_COST_BYTES, QueueRange, TaskSizing, default_parallelism
 
 log = logging.getLogger(__name__)
 _SIZE = operator.attrgetter("size")
@@ -48,7 +48,8 @@ def task_sizing(opts, backend, ranges: list[QueueRange], known: dict[str, float]
     if len(largest) > SAMPLE_TOPICS and known:
         mean = sum(known.values()) / len(known)
         weights.update((t, mean) for t in largest[SAMPLE_TOPICS:] if t not in known)
-    return TaskSizing(opts.min_partitions or default_parallelism(), opts.max_partition_bytes, weights)
+    return TaskSizing(opts.min_partitions or default_parallelism(), opts.max_partition_bytes, weights,
+                      backend.queue_cost_bytes or QUEUE_COST_BYTES)
 
 
 def _sample(opts, backend, ranges: list[QueueRange]) -> float | None:

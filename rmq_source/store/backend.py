@@ -6,6 +6,7 @@ lives in the offset store folder (``offsetStorePath``, default ``<first store>/.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Iterable, Iterator, Mapping
 from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
 from rmq_source.errors import RmqStoreLayoutError, RmqUnknownTopicError
 from rmq_source.group.allocation import MessageQueue
+from rmq_source.store.range_reads import read_ranges
 from rmq_source.store.reader import Store
 
 _CACHE: dict[tuple[str, str], Store] = {}
@@ -49,6 +51,11 @@ class StoreBackendSpec(BackendSpec):
 class StoreBackend(Backend):
     """Broker store folders; ``brokers`` maps each broker name to its store root. Group state
     lives in ``state_dir`` (``offsetStorePath``; by default beside the first store)."""
+
+    #: A task reads a queue of a few small messages in about 15 us (its listing checked, its
+    #: range scanned in a C call shared with other queues: bench/bench_scale.py), what a task
+    #: takes about 8 KiB of rows in (at the rate QUEUE_COST_BYTES assumes, 64 KiB per 0.1 ms).
+    queue_cost_bytes = 8 << 10
 
     def __init__(self, brokers: Mapping[str, str], state_dir: str | None = None):
         from rmq_source.group.offset_store import default_offset_store_path
@@ -128,40 +135,21 @@ class StoreBackend(Backend):
             return None
 
     def read_many(self, ranges, *, subscription, batch_rows, batch_bytes, verify_crc) -> Iterator:
-        """The C core's batches of consecutive ranges of one broker are converted to rows
-        together, up to ``batch_rows`` rows and ``batch_bytes`` bytes: a task over many small
-        queues pays the conversion once per batch, not once per queue. A batch is handed out
-        as soon as it is full, before more is read."""
-        held: list = []
-        rows = size = 0
-        held_by = None
-        for r in ranges:
-            store = self._store_to_read(r.mq, r.start, r.end, r.on_short_read)
+        """The consecutive ranges of one broker are read together
+        (:func:`rmq_source.store.range_reads.read_ranges`: one C call scans many ranges of a
+        topic into one batch, converted to rows once), so a task over many small queues pays
+        per batch, not per queue; batches of up to ``batch_rows`` rows and ``batch_bytes``
+        bytes, each handed out as soon as it is full, before more is read."""
+        for broker, run in itertools.groupby(ranges, key=lambda r: r.mq.broker_name):
+            run = list(run)
+            store = self._store_to_read(run[0].mq, run[0].start, run[0].end, run[0].on_short_read)
             if store is None:
+                for r in run[1:]:
+                    r.on_short_read(r.start, r.end, f"the store root {self.brokers[broker]} of "
+                                    f"broker {broker!r} no longer exists")
                 continue
-            if held and store is not held_by:
-                yield held_by.finish_batches(held)
-                held, rows, size = [], 0, 0
-            held_by = store
-            for batch in store.iter_batches(r.mq.topic, r.mq.queue_id, r.start, r.end,
-                                            subscription=subscription, batch_rows=batch_rows,
-                                            batch_bytes=batch_bytes, verify_crc=verify_crc,
-                                            on_data_loss=r.on_data_loss,
-                                            on_short_read=r.on_short_read, raw=True):
-                n, b = batch.num_rows, batch.get_total_buffer_size()
-                if not n:
-                    continue
-                if held and (rows + n > batch_rows or size + b > batch_bytes):
-                    yield store.finish_batches(held)
-                    held, rows, size = [], 0, 0
-                held.append((batch, r.mq.topic, r.mq.queue_id))
-                rows, size = rows + n, size + b
-                if rows >= batch_rows or size >= batch_bytes // 2:
-                    # a full batch goes before anything more is read (nothing read ahead of it)
-                    yield store.finish_batches(held)
-                    held, rows, size = [], 0, 0
-        if held:
-            yield held_by.finish_batches(held)
+            yield from read_ranges(store, run, subscription=subscription, batch_rows=batch_rows,
+                                   batch_bytes=batch_bytes, verify_crc=verify_crc)
 
     # -- group state ---------------------------------------------------------------------------
     def offset_store(self, group: str):

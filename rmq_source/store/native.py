@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from rmq_source.errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
@@ -46,7 +47,7 @@ else:
             "`python setup.py build_ext --inplace`) in the project root") from exc
 
 __all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
-           "ScanResult", "scan_queue", "lookup_time", "live_batches", "buffer_bytes_taken",
+           "ScanResult", "scan_queue", "QueueFiles", "RangesResult", "scan_ranges", "lookup_time", "live_batches", "buffer_bytes_taken",
            "NATIVE_SCHEMA", "C_SCHEMA",
            "CQ_UNIT_SIZE", "MAX_BATCH_BYTES", "MAX_QUEUE_OFFSET"]
 
@@ -438,6 +439,101 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     ptr = out[0]
     next_offset, scanned, status = int(ptr.next_offset), int(ptr.scanned), _STATUS[ptr.status]
     return ScanResult(_to_arrow(ptr), next_offset, scanned, status)
+
+
+class QueueFiles:
+    """The mapped files of one ConsumeQueue, checked once, for :func:`scan_ranges` (the arguments
+    of :func:`scan_queue`'s ``cq_segments`` and ``cq_file_size``). Keeps the mappings alive."""
+
+    __slots__ = ("segments", "file_size", "_files", "segments_of")
+
+    def __init__(self, cq_segments: list[Segment], cq_file_size: int):
+        self.segments_of = cq_segments     # the list given (its holder may compare it)
+        self.segments = list(cq_segments)
+        self.file_size = cq_file_size
+        self._files = _check_cq(self.segments, cq_file_size)
+
+
+@dataclass(frozen=True)
+class RangesResult:
+    """Outcome of :func:`scan_ranges`: ranges ``[0, done)`` were examined, in order.
+
+    ``batch``: their rows, range after range (NATIVE_SCHEMA, as :class:`ScanResult`'s);
+    ``rows[i]``, ``next_offsets[i]`` and ``statuses[i]`` (numpy arrays of ``done`` entries): the
+    rows range i gave, where its scan stopped, and its status as :class:`ScanResult` names it
+    ("END", "FULL", "CQ_END", "CL_GONE"). Every range before ``done - 1`` ended with "END"."""
+
+    batch: pa.RecordBatch
+    done: int
+    rows: np.ndarray
+    next_offsets: np.ndarray
+    statuses: list[str]
+
+
+def _offsets_array(name: str, values, n: int, lo: int, hi: int, dtype) -> np.ndarray:
+    try:
+        arr = np.array(values, dtype=dtype)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise RmqOptionError(f"{name} must be integers in [{lo}, {hi}]: {exc}") from None
+    if arr.shape != (n,):
+        raise RmqOptionError(f"{name} must hold one entry per range ({n}), got shape {arr.shape}")
+    if n and (arr.min() < lo or arr.max() > hi):
+        raise RmqOptionError(f"{name} must be in [{lo}, {hi}], got {arr.min()}..{arr.max()}")
+    return arr
+
+
+def scan_ranges(commitlog: CommitLog, queues: list[QueueFiles], starts, ends, queue_ids, *,
+                topic: str, codes: tuple[int, ...] | None = None,
+                tags: tuple[str, ...] | None = None, max_rows: int = 65536,
+                max_bytes: int = 64 << 20, verify_crc: bool = False) -> RangesResult:
+    """:func:`scan_queue` of several queues of ``topic`` in one call, into one batch: range i is
+    queue offsets ``[starts[i], ends[i])`` of ``queues[i]``, the queue ``queue_ids[i]``; rows
+    come range after range. ``max_rows`` and ``max_bytes`` bound the whole batch (at least one
+    row is accepted, from the first range that has one).
+
+    The scan stops after the first range whose status is not "END" ("FULL": the batch is full,
+    that range goes on from its ``next_offsets`` entry in another call; "CQ_END", "CL_GONE" as
+    :func:`scan_queue`), so the caller follows each range's progress. A corrupt record raises
+    :class:`RmqCorruptStoreError` naming its file and position, as :func:`scan_queue` does.
+    """
+    _check_commitlog(commitlog)
+    n = len(queues)
+    if n < 1:
+        raise RmqOptionError("scan_ranges needs at least one range")
+    for q in queues:
+        if not isinstance(q, QueueFiles):
+            raise RmqOptionError(f"queues must be QueueFiles, got {q!r}")
+    c_starts = _offsets_array("starts", starts, n, 0, _MAX_QUEUE_OFFSET, np.int64)
+    c_ends = _offsets_array("ends", ends, n, 0, _MAX_QUEUE_OFFSET, np.int64)
+    if (c_ends < c_starts).any():
+        i = int(np.argmax(c_ends < c_starts))
+        raise RmqOptionError(f"range {i}: end ({c_ends[i]}) must be >= start ({c_starts[i]})")
+    c_qids = _offsets_array("queue_ids", queue_ids, n, -(1 << 31), INT32_MAX, np.int32)
+    _check_int("max_rows", max_rows, 1)
+    _check_int("max_bytes", max_bytes, 1, MAX_BATCH_BYTES)
+    if tags is not None and codes is None:
+        raise RmqOptionError("tags needs codes (the tag hash codes of the same subscription)")
+    keep: list = []
+    args = _scan_args(keep, 0, 0, max_rows, max_bytes, verify_crc, codes, tags, topic, 0)
+    rows = np.zeros(n, np.int64)
+    nexts = np.zeros(n, np.int64)
+    statuses = np.zeros(n, np.int32)
+    cqs = ffi.new("rmq_files *[]", [q._files.struct for q in queues])
+    r = ffi.new("rmq_ranges *", {
+        "n": n, "cqs": cqs,
+        "starts": ffi.from_buffer("int64_t[]", c_starts),
+        "ends": ffi.from_buffer("int64_t[]", c_ends),
+        "queue_ids": ffi.from_buffer("int32_t[]", c_qids),
+        "rows": ffi.from_buffer("int64_t[]", rows, require_writable=True),
+        "next_offsets": ffi.from_buffer("int64_t[]", nexts, require_writable=True),
+        "statuses": ffi.from_buffer("int32_t[]", statuses, require_writable=True)})
+    out = ffi.new("rmq_batch **")
+    err = ffi.new("rmq_error *")
+    if lib.rmq_scan_ranges(commitlog._files.struct, args, r, out, err):
+        _raise(err)
+    done = int(r.done)
+    return RangesResult(_to_arrow(out[0]), done, rows[:done], nexts[:done],
+                        [_STATUS[s] for s in statuses[:done].tolist()])
 
 
 def decode_records(body: bytes, *, where: str, topic: str, queue_id: int, start: int, end: int,

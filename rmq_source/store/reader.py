@@ -56,19 +56,21 @@ def native_rows(batch: pa.RecordBatch, topic: str, broker_name: str, queue_id: i
                       pa.repeat(pa.scalar(queue_id, pa.int32()), n))
 
 
-def native_rows_of_queues(parts: list[tuple[pa.RecordBatch, str, int]], broker_name: str
+def native_rows_of_queues(parts: list[tuple[pa.RecordBatch, str, np.ndarray]], broker_name: str
                           ) -> pa.RecordBatch:
-    """:func:`native_rows` of the C core's batches of several queues of one broker, given as
-    (batch, topic, queue id), as one batch in that order (one conversion, not one per queue)."""
+    """:func:`native_rows` of the C core's batches of queues of one broker, given as (batch,
+    topic, int32 array of the queue id of each row), as one batch in that order (one
+    conversion, not one per queue)."""
     if len(parts) == 1:
-        return native_rows(parts[0][0], parts[0][1], broker_name, parts[0][2])
+        batch, topic, queue_ids = parts[0]
+        return _full_rows(batch, pa.repeat(topic, batch.num_rows), broker_name,
+                          pa.array(queue_ids, pa.int32()))
     counts = np.fromiter((b.num_rows for b, _, _ in parts), dtype=np.int64, count=len(parts))
     names: dict[str, int] = {}
     which = np.fromiter((names.setdefault(t, len(names)) for _, t, _ in parts), dtype=np.int32,
                         count=len(parts))
     topics = pa.array(list(names), pa.string()).take(pa.array(np.repeat(which, counts)))
-    queue_ids = pa.array(np.repeat(np.fromiter((q for _, _, q in parts), dtype=np.int32,
-                                               count=len(parts)), counts))
+    queue_ids = pa.array(np.concatenate([q for _, _, q in parts]), pa.int32())
     return _full_rows(pa.concat_batches([b for b, _, _ in parts]), topics, broker_name, queue_ids)
 
 
@@ -160,6 +162,7 @@ class Store:
         self._segments: dict[str, dict[str, native.Segment]] = {}   # folder -> path -> mapping
         self._listings: dict[str, tuple[tuple, tuple[list, int]]] = {}  # see _segments_of
         self._min_offsets: dict[tuple[str, int], tuple[list, int, int]] = {}  # see queue_info
+        self._queue_files_kept: dict[tuple[str, int], native.QueueFiles] = {}  # see _queue_files
         self._commitlog: tuple[list, int, native.CommitLog] | None = None
         self._polled: dict[str, PolledTopic] = {}   # topic -> see queue_infos
         self._lock = threading.RLock()
@@ -371,14 +374,30 @@ class Store:
             return QueueInfo(topic, queue_id, 0, 0)
         max_off = self._max_of(segs)
         cl_min = (self.commitlog() if commitlog is None else commitlog).min_offset
+        min_off = self._min_offset_kept(topic, queue_id, segs, cl_min)
+        return QueueInfo(topic, queue_id, min(min_off, max_off), max_off)
+
+    def _min_offset_kept(self, topic: str, queue_id: int, segs: list, cl_min: int) -> int:
+        """:meth:`_min_offset` of the queue's listing ``segs``, remembered while that listing
+        and ``cl_min`` stay (written units never change)."""
         known = self._min_offsets.get((topic, queue_id))
         if known is not None and known[0] is segs and known[1] == cl_min:
-            min_off = known[2]
-        else:
-            min_off, found = self._min_offset_found(segs, cl_min)
-            if found:      # (segs is the kept listing while the folder is unchanged)
-                self._min_offsets[(topic, queue_id)] = (segs, cl_min, min_off)
-        return QueueInfo(topic, queue_id, min(min_off, max_off), max_off)
+            return known[2]
+        min_off, found = self._min_offset_found(segs, cl_min)
+        if found:      # (segs is the kept listing while the folder is unchanged)
+            self._min_offsets[(topic, queue_id)] = (segs, cl_min, min_off)
+        return min_off
+
+    def _queue_files(self, topic: str, queue_id: int, segs: list, cq_size: int
+                     ) -> native.QueueFiles:
+        """The C view of the queue's listing ``segs``, remembered while that listing stays."""
+        known = self._queue_files_kept.get((topic, queue_id))
+        if known is not None and known.segments_of is segs and known.file_size == cq_size:
+            return known
+        files = native.QueueFiles(segs, cq_size)
+        if self._queue_dir(topic, queue_id) in self._listings:   # a kept listing (else no reuse)
+            self._queue_files_kept[(topic, queue_id)] = files
+        return files
 
     def queue_infos(self, topic: str, queue_ids) -> list[QueueInfo]:
         """:meth:`queue_info` of several queues, listing the CommitLog folder once; queues whose
@@ -418,12 +437,9 @@ class Store:
                      batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
                      verify_crc: bool = False,
                      on_data_loss: DataLossCallback | None = None,
-                     on_short_read: ShortReadCallback | None = None,
-                     raw: bool = False) -> Iterator[pa.RecordBatch]:
-        """Yield the messages of queue offsets ``[start, end)`` that match ``subscription``.
-
-        ``raw=True`` yields the C core's batches (NATIVE_SCHEMA, bodies as stored) for
-        :meth:`finish_batches`, which converts the batches of many queues at once.
+                     on_short_read: ShortReadCallback | None = None) -> Iterator[pa.RecordBatch]:
+        """Yield the messages of queue offsets ``[start, end)`` that match ``subscription``
+        (many ranges at once: :func:`rmq_source.store.range_reads.read_ranges`).
 
         Rows come in ascending queue offset, bodies decompressed, with the full row schema. When
         retention deleted part of the range, ``on_data_loss(first_lost, first_readable)`` is
@@ -482,7 +498,8 @@ class Store:
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc,
                                     topic=topic, queue_id=queue_id)
             if res.batch.num_rows:
-                yield res.batch if raw else self._finish([(res.batch, topic, queue_id)])
+                yield self._finish([(res.batch, topic,
+                                     np.full(res.batch.num_rows, queue_id, np.int32))])
             if res.status == "CL_GONE":
                 # cl is one listing and min_off comes from it; units point to growing physical
                 # offsets, so a unit at or above min_off that points below the CommitLog min is
@@ -526,12 +543,9 @@ class Store:
             return batches[0]
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]
 
-    def finish_batches(self, parts: list[tuple[pa.RecordBatch, str, int]]) -> pa.RecordBatch:
-        """The ``raw=True`` batches of :meth:`iter_batches`, as (batch, topic, queue id), as
-        one batch of the full row schema (rows in the given order, bodies decompressed)."""
-        return self._finish(parts)
-
-    def _finish(self, parts: list[tuple[pa.RecordBatch, str, int]]) -> pa.RecordBatch:
+    def _finish(self, parts: list[tuple[pa.RecordBatch, str, np.ndarray]]) -> pa.RecordBatch:
+        """The C core's batches as (batch, topic, queue id of each row) -> one batch of the
+        full row schema (:func:`native_rows_of_queues`), a body's error naming its file."""
         try:
             return native_rows_of_queues(parts, self.broker_name)
         except RmqCorruptStoreError as exc:
@@ -611,6 +625,7 @@ class Store:
             self._listings.clear()
             self._min_offsets.clear()
             self._polled.clear()
+            self._queue_files_kept.clear()
             self._commitlog = None
             for mapped in self._segments.values():
                 for seg in mapped.values():
