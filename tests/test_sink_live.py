@@ -14,6 +14,8 @@ from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
 from rmq_source.store.writer import StoreWriter
 
+pytestmark = [pytest.mark.broker]
+
 JAVA_HASH = r"""
 import java.util.List;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
