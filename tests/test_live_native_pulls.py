@@ -3,6 +3,7 @@ client's pulls and as what was sent, for every subscription kind, range and batc
 that ends before the planned end; a connection that breaks halfway, which goes on in Python."""
 from __future__ import annotations
 
+import itertools
 import uuid
 
 import pytest
@@ -51,9 +52,15 @@ class _Uses:
         monkeypatch.setattr(native_pull.NativePuller, "next", counted)
 
 
+_BACKEND_IDS = itertools.count(1)
+
+
 def _backend(rocketmq, native: bool):
-    # a timeout of its own: a backend not shared with other tests
-    return ClusterBackendSpec((rocketmq.namesrv_addr,), 10.0 + uuid.uuid4().int % 1000 / 1e6,
+    # a timeout of its own: a backend (and its idle pullers) not shared with other tests. (A random
+    # one of 1,000 values collided within a session: a test then got an earlier test's pooled
+    # connection, which the backend makes again once when it fails at once; 10.5: apart from the
+    # random 10.00x of other modules.)
+    return ClusterBackendSpec((rocketmq.namesrv_addr,), 10.5 + next(_BACKEND_IDS) / 1e6,
                               native_pulls=native).open()
 
 
