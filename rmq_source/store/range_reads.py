@@ -128,7 +128,7 @@ def _list_window(store, ranges, pos, first: int, cap: int, units: int | None) ->
         except RmqStoreLayoutError:
             if os.path.isdir(os.path.join(store.root, "commitlog")):
                 raise
-            out.append(_Listed(i, None, 0, 0, _root_gone(store)))
+            out.append(_Listed(i, None, 0, 0, store._root_gone()))
             continue
         # units are written after their record: every unit below this end points into a
         # CommitLog file that already exists when the CommitLog is listed next
@@ -138,11 +138,6 @@ def _list_window(store, ranges, pos, first: int, cap: int, units: int | None) ->
         if segs and written < r.end:
             break
     return out
-
-
-def _root_gone(store) -> str:
-    return (f"the store root {store.root} of broker {store.broker_name!r} no longer exists (or "
-            "lost its commitlog/)")
 
 
 def _check_window(store, ranges, pos, listed: list[_Listed]
@@ -158,16 +153,14 @@ def _check_window(store, ranges, pos, listed: list[_Listed]
         except RmqStoreLayoutError:
             if os.path.isdir(os.path.join(store.root, "commitlog")):
                 raise
-            listed = [e._replace(segs=None, gone=_root_gone(store)) for e in listed]
+            listed = [e._replace(segs=None, gone=store._root_gone()) for e in listed]
     ready: list[_Ready] = []
     for e in listed:
         r, at = ranges[e.index], pos[e.index]
         topic, queue_id = r.mq.topic, r.mq.queue_id
         if e.gone is not None or not e.segs:
             pos[e.index] = None
-            why = e.gone or (f"its ConsumeQueue folder {store._queue_dir(topic, queue_id)} no "
-                             "longer exists or has no files (the topic or queue was deleted)")
-            r.on_short_read(at, r.end, why)
+            r.on_short_read(at, r.end, e.gone or store._queue_gone(topic, queue_id))
             continue
         min_off = store._min_offset_kept(topic, queue_id, e.segs, cl.min_offset)
         if at < min_off:
@@ -178,9 +171,7 @@ def _check_window(store, ranges, pos, listed: list[_Listed]
         if at >= stop:
             pos[e.index] = None
             if e.written < r.end and at < r.end:
-                r.on_short_read(at, r.end, f"its ConsumeQueue ends at offset {e.written}, "
-                                f"before the planned end {r.end} (the queue was truncated or "
-                                "recreated)")
+                r.on_short_read(at, r.end, store._queue_ends(e.written, r.end))
             continue
         ready.append(_Ready(e.index, store._queue_files(topic, queue_id, e.segs, e.cq_size),
                             e.segs, at, stop, e.written < r.end))
@@ -194,18 +185,7 @@ def _advance(store, ranges, pos, ready: list[_Ready], res: native.RangesResult,
     for j in range(res.done):
         e, status, nxt = ready[j], res.statuses[j], int(res.next_offsets[j])
         r = ranges[e.index]
-        if status == "CL_GONE":
-            # the CommitLog is one listing and the min offset comes from it; units point to
-            # growing physical offsets, so a unit at or above the min offset that points below
-            # the CommitLog min is damage, not retention (retrying would spin forever)
-            raise store._bad_unit(r.mq.topic, r.mq.queue_id, e.segs, nxt,
-                                  f"points below the CommitLog min offset {cl.min_offset} "
-                                  "although earlier units point above it")
-        if status == "CQ_END":
-            # every unit below the listed end was valid when it was counted and units are never
-            # unwritten: an invalid one before it is damage, not the live edge
-            raise store._bad_unit(r.mq.topic, r.mq.queue_id, e.segs, nxt,
-                                  "is not a valid unit although later units are")
+        store._raise_if_damage(r.mq.topic, r.mq.queue_id, e.segs, status, nxt, cl)
         if status == "FULL":
             if nxt < e.pos or (nxt == e.pos and not res.batch.num_rows):   # never stop silently
                 raise AssertionError(f"scan of {r.mq} made no progress at offset {e.pos}")

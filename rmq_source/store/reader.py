@@ -468,9 +468,7 @@ class Store:
                 segs, cq_size = self._cq(topic, queue_id)
                 if not segs:
                     if on_short_read is not None:
-                        on_short_read(pos, end, f"its ConsumeQueue folder "
-                                      f"{self._queue_dir(topic, queue_id)} no longer exists or has "
-                                      "no files (the topic or queue was deleted)")
+                        on_short_read(pos, end, self._queue_gone(topic, queue_id))
                     return
                 # Units are written after their record: every unit below this end points into a
                 # CommitLog file that already exists when the CommitLog is listed next.
@@ -479,8 +477,7 @@ class Store:
             except RmqStoreLayoutError:
                 if on_short_read is None or os.path.isdir(os.path.join(self.root, "commitlog")):
                     raise
-                on_short_read(pos, end, f"the store root {self.root} of broker "
-                              f"{self.broker_name!r} no longer exists (or lost its commitlog/)")
+                on_short_read(pos, end, self._root_gone())
                 return
             min_off = self._min_offset(segs, cl.min_offset)
             if pos < min_off:
@@ -491,8 +488,7 @@ class Store:
             stop = min(end, written)
             if pos >= stop:
                 if on_short_read is not None and written < end:
-                    on_short_read(pos, end, f"its ConsumeQueue ends at offset {written}, before the "
-                                  f"planned end {end} (the queue was truncated or recreated)")
+                    on_short_read(pos, end, self._queue_ends(written, end))
                 return
             res = native.scan_queue(cl, segs, cq_size, pos, stop, codes=codes, tags=tags,
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc,
@@ -500,22 +496,40 @@ class Store:
             if res.batch.num_rows:
                 yield self._finish([(res.batch, topic,
                                      np.full(res.batch.num_rows, queue_id, np.int32))])
-            if res.status == "CL_GONE":
-                # cl is one listing and min_off comes from it; units point to growing physical
-                # offsets, so a unit at or above min_off that points below the CommitLog min is
-                # damage, not retention (retrying would spin forever).
-                raise self._bad_unit(topic, queue_id, segs, res.next_offset,
-                                     f"points below the CommitLog min offset {cl.min_offset} "
-                                     "although earlier units point above it")
-            if res.status == "CQ_END":
-                # every unit below ``written`` was valid when it was computed and units are never
-                # unwritten: an invalid one before it is damage, not the live edge
-                raise self._bad_unit(topic, queue_id, segs, res.next_offset,
-                                     "is not a valid unit although later units are")
+            self._raise_if_damage(topic, queue_id, segs, res.status, res.next_offset, cl)
             if res.next_offset <= pos:   # every status above moves on; never stop silently
                 raise AssertionError(f"scan of {topic}/{queue_id} made no progress at offset {pos} "
                                      f"(status {res.status})")
             pos = res.next_offset
+
+    # -- why a planned range ends early (on_short_read), and scan statuses that are damage --------
+    def _queue_gone(self, topic: str, queue_id: int) -> str:
+        return (f"its ConsumeQueue folder {self._queue_dir(topic, queue_id)} no longer exists or "
+                "has no files (the topic or queue was deleted)")
+
+    def _root_gone(self) -> str:
+        return (f"the store root {self.root} of broker {self.broker_name!r} no longer exists (or "
+                "lost its commitlog/)")
+
+    @staticmethod
+    def _queue_ends(written: int, end: int) -> str:
+        return (f"its ConsumeQueue ends at offset {written}, before the planned end {end} (the "
+                "queue was truncated or recreated)")
+
+    def _raise_if_damage(self, topic: str, queue_id: int, segs: list, status: str,
+                         next_offset: int, cl: native.CommitLog) -> None:
+        """A scan of units below the listed end that stopped with CL_GONE or CQ_END met damage:
+        ``cl`` is one listing and the min offset comes from it, units point to growing physical
+        offsets, so a unit at or above the min offset that points below the CommitLog min is not
+        retention (retrying would spin forever); every unit below the listed end was valid when
+        it was counted and units are never unwritten, so an invalid one is not the live edge."""
+        if status == "CL_GONE":
+            raise self._bad_unit(topic, queue_id, segs, next_offset,
+                                 f"points below the CommitLog min offset {cl.min_offset} "
+                                 "although earlier units point above it")
+        if status == "CQ_END":
+            raise self._bad_unit(topic, queue_id, segs, next_offset,
+                                 "is not a valid unit although later units are")
 
     @staticmethod
     def _bad_unit(topic: str, queue_id: int, segs: list, offset: int, what: str):
