@@ -38,7 +38,7 @@ from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
-from rmq_source.remote.client import RemotingClient, auth_error, check, is_auth_failure
+from rmq_source.remote.client import RemotingClient, ask_namesrvs, auth_error, check, is_auth_failure
 from rmq_source.sql92 import compile_selector
 from rmq_source.sql92.nodes import string_tests
 from rmq_source.subscription import Subscription
@@ -133,15 +133,7 @@ class ClusterBackend(Backend):
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
         """``call(addr)`` on the first NameServer that answers; every address tried is named."""
-        errors = []
-        for addr in self.spec.namesrv_addrs:
-            try:
-                return call(addr)
-            except RmqRemotingConnectionError as exc:
-                errors.append(f"{addr}: {exc}")
-        raise RmqRemotingConnectionError(
-            f"{what}: no NameServer answered (tried {', '.join(self.spec.namesrv_addrs)}): "
-            + "; ".join(errors))
+        return ask_namesrvs(self.spec.namesrv_addrs, what, call)
 
     def route(self, topic: str) -> rq.TopicRoute:
         try:

@@ -390,6 +390,20 @@ def check(resp: RemotingCommand, request: RemotingCommand | str, peer: str,
                          code=resp.code, remark=resp.remark, peer=peer, request=what)
 
 
+def ask_namesrvs(addrs: tuple[str, ...], what: str, call, *,
+                 unreachable: tuple[type[BaseException], ...] = (RmqRemotingConnectionError,)):
+    """``call(addr)`` on the first NameServer of ``addrs`` that answers (errors of the kinds in
+    ``unreachable`` try the next one); every address tried is named when none answers."""
+    errors = []
+    for addr in addrs:
+        try:
+            return call(addr)
+        except unreachable as exc:
+            errors.append(f"{addr}: {exc}")
+    raise RmqRemotingConnectionError(
+        f"{what}: no NameServer answered (tried {', '.join(addrs)}): " + "; ".join(errors))
+
+
 class RemotingClient:
     """Connections by address, made on first use and made again after one broke."""
 

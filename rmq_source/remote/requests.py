@@ -220,13 +220,9 @@ def send_message(client: RemotingClient, broker: str, topic: str, body: bytes, *
     if compress:
         body = zlib.compress(body, 5)
         sys_flag |= rc.FLAG_COMPRESSED
-    resp = client.invoke(broker, SEND_MESSAGE, {
-        "producerGroup": producer_group, "topic": topic, "defaultTopic": DEFAULT_TOPIC,
-        "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": sys_flag, "bornTimestamp": born,
-        "flag": flag, "properties": _props_string(props), "reconsumeTimes": 0, "unitMode": "false",
-        "batch": "false",
-    }, body, timeout=timeout)
-    ext = resp.ext_fields
+    call = send_one_call(client, broker, topic, body, props_bytes(props), queue_id=queue_id, born_ms=born,
+                         flag=flag, sys_flag=sys_flag, producer_group=producer_group, timeout=timeout)
+    ext = client.answer(call).ext_fields
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), [uniq])
 
 
@@ -270,12 +266,12 @@ def send_batch_call(client: RemotingClient, broker: str, topic: str, encoded: by
 
 
 def send_one_call(client: RemotingClient, broker: str, topic: str, body: bytes, props: bytes, *,
-                  queue_id: int, born_ms: int, flag: int = 0, producer_group: str = "rmq_source_producer",
-                  timeout: float | None = None) -> Call:
+                  queue_id: int, born_ms: int, flag: int = 0, sys_flag: int = 0,
+                  producer_group: str = "rmq_source_producer", timeout: float | None = None) -> Call:
     """SEND_MESSAGE of one message with encoded properties, without waiting."""
     return client.send(broker, SEND_MESSAGE, {
         "producerGroup": producer_group, "topic": topic, "defaultTopic": DEFAULT_TOPIC,
-        "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": 0, "bornTimestamp": born_ms,
+        "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": sys_flag, "bornTimestamp": born_ms,
         "flag": flag, "properties": props.decode(), "reconsumeTimes": 0, "unitMode": "false",
         "batch": "false",
     }, body, timeout=timeout)

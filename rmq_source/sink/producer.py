@@ -29,7 +29,7 @@ from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqRemotingConnecti
                                RmqRemotingTimeoutError, RmqSendError, RmqSinkRowError,
                                RmqUnknownTopicError)
 from rmq_source.remote import requests as rq
-from rmq_source.remote.client import RemotingClient
+from rmq_source.remote.client import RemotingClient, ask_namesrvs
 from rmq_source.sink.columns import Outgoing
 from rmq_source.sink.options import SinkOptions
 from rmq_source.sink.routing import PublishQueue, hash_index, publish_queues
@@ -63,21 +63,18 @@ def shared_client(opts: SinkOptions) -> RemotingClient:
 def fetch_route(client: RemotingClient, opts: SinkOptions, topic: str) -> rq.TopicRoute:
     """The topic's route from the first NameServer that answers; :class:`RmqUnknownTopicError`
     when it has none (the sink does not create topics)."""
-    errors = []
-    for addr in opts.namesrv_addrs:
-        try:
-            return rq.topic_route(client, addr, topic)
-        except RmqBrokerError as exc:
-            if exc.code == rq.TOPIC_NOT_EXIST:
-                raise RmqUnknownTopicError(
-                    f"topic {topic!r} does not exist in the cluster of NameServer "
-                    f"{';'.join(opts.namesrv_addrs)} (no route); create it first, e.g. mqadmin "
-                    f"updateTopic -n {opts.namesrv_addrs[0]} -c <cluster> -t {topic} (the sink does "
-                    "not create topics)") from None
+    try:
+        return ask_namesrvs(opts.namesrv_addrs, f"route of topic {topic!r}",
+                            lambda addr: rq.topic_route(client, addr, topic),
+                            unreachable=(RmqRemotingConnectionError, RmqRemotingTimeoutError))
+    except RmqBrokerError as exc:
+        if exc.code != rq.TOPIC_NOT_EXIST:
             raise
-        except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
-            errors.append(f"{addr}: {exc}")
-    raise RmqRemotingConnectionError(f"route of topic {topic!r}: no NameServer answered: " + "; ".join(errors))
+        raise RmqUnknownTopicError(
+            f"topic {topic!r} does not exist in the cluster of NameServer "
+            f"{';'.join(opts.namesrv_addrs)} (no route); create it first, e.g. mqadmin "
+            f"updateTopic -n {opts.namesrv_addrs[0]} -c <cluster> -t {topic} (the sink does "
+            "not create topics)") from None
 
 
 @dataclass
