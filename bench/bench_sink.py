@@ -7,8 +7,8 @@ batches of ``--batch`` per request, each case best of ``--repeat`` after a warm-
 * **java**: the real ``DefaultMQProducer`` (compiled here) sending ``List<Message>`` batches
   (RocketMQ's batch send: one synchronous request at a time, a queue per send, round robin);
   wall seconds and CPU seconds of its JVM, measured inside it;
-* **ours, no Spark**: :class:`rmq_source.sink.producer.TaskProducer` fed Arrow batches of the
-  same bodies through :func:`rmq_source.sink.columns.messages` (UNIQ_KEY, properties, encoding),
+* **ours, no Spark**: Arrow batches of the same bodies through a task's path
+  (:func:`rmq_source.sink.task.send_rows`: UNIQ_KEY, properties, encoding, sends),
   ``maxInFlight`` 8 by default: the sink's cost per message on the Spark side (CPU µs of this
   process per message) and its rate;
 * **spark**: ``df.write.format("rmq")`` of a DataFrame of the same bodies (``local[2]``, two
@@ -35,9 +35,9 @@ import pyarrow as pa  # noqa: E402
 import rocketmq_cluster  # noqa: E402
 from rmq_source.remote import RemotingClient  # noqa: E402
 from rmq_source.remote import requests as rq  # noqa: E402
-from rmq_source.sink.columns import messages  # noqa: E402
 from rmq_source.sink.options import parse_sink_options  # noqa: E402
 from rmq_source.sink.producer import TaskProducer  # noqa: E402
+from rmq_source.sink.task import send_rows  # noqa: E402
 from rmq_source.sink.uniq import TaskKeys  # noqa: E402
 
 TOPIC = "SinkBench"
@@ -105,21 +105,16 @@ def java(cluster, workdir: Path, n: int, batch: int, passes: int) -> list[tuple[
 
 
 def ours(cluster, n: int, batch: int, passes: int) -> list[tuple[int, float, float]]:
-    """(messages, wall s, CPU s of this process) per pass: rows -> messages -> sends, no Spark."""
+    """(messages, wall s, CPU s of this process) per pass: Arrow batches of 8,192 rows through
+    the task's path (:func:`rmq_source.sink.task.send_rows`), no Spark."""
     opts = parse_sink_options({"namesrvAddr": cluster.namesrv_addr, "topic": TOPIC,
                                "batchMessages": str(batch)}, streaming=False)
     data = pa.RecordBatch.from_pydict({"body": pa.array([body()] * 8192, pa.binary())})
     out = []
     for p in range(passes):
         t0, c0 = time.perf_counter(), time.process_time()
-        producer, keys, row = TaskProducer(opts, 0), TaskKeys(f"bench-{p}", 0, 0), 0
-        while row < n:
-            chunk = data.slice(0, min(8192, n - row))
-            for msg in messages(chunk, first_row=row, partition=0, keys=keys, default_topic=TOPIC,
-                                max_message_bytes=opts.max_message_bytes):
-                producer.add(msg)
-            row += chunk.num_rows
-        stats = producer.flush()
+        chunks = [data.slice(0, min(8192, n - row)) for row in range(0, n, 8192)]
+        stats = send_rows(TaskProducer(opts, 0), chunks, TaskKeys(f"bench-{p}", 0, 0))
         out.append((stats.messages, time.perf_counter() - t0, time.process_time() - c0))
     return out
 

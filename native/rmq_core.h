@@ -345,6 +345,62 @@ int rmq_sql_eval(const rmq_sql_prog *p, int64_t rows, int64_t row_offset, const 
                  const uint8_t *map_valid, const int32_t *key_off, const uint8_t *key_data,
                  const int32_t *val_off, const uint8_t *val_data, int64_t entries,
                  int64_t key_bytes, int64_t val_bytes, uint8_t *out, rmq_error *err);
+/* -- sink: rows of Arrow columns -> SEND_BATCH_MESSAGE bodies (core/sinkenc.c) -------------- */
+enum { RMQ_UNIQ_DIGEST = 12 };
+
+/* BLAKE2b state (RFC 7693) of the UNIQ_KEY prefix: rmq_uniq_init absorbs person16 (16 bytes, the
+ * personalization) and the prefix; each key copies it. */
+typedef struct rmq_blake2b {
+    uint64_t h[8];
+    uint64_t t[2];
+    uint8_t buf[128];
+    int32_t buflen;
+    int32_t outlen;
+} rmq_blake2b;
+
+/* One variable-size column: entry i is data[off[i] .. off[i+1]); valid: one byte per entry
+ * (0 = null), NULL when nothing is null. off == NULL: the column is absent. */
+typedef struct rmq_sink_col {
+    const int64_t *off;
+    const uint8_t *data;
+    int64_t data_len;
+    const uint8_t *valid;
+} rmq_sink_col;
+
+/* The rows of a batch: body (required), tags, keys. keys is a string column, or, when key_lists
+ * is set, the items of a list column (row r's items are key_lists[r] .. key_lists[r+1] of the
+ * key_items items; key_lists_valid per row, NULL when no row is null). */
+typedef struct rmq_sink_rows {
+    int64_t n;
+    rmq_sink_col body, tags, keys;
+    const int64_t *key_lists;
+    const uint8_t *key_lists_valid;
+    int64_t key_items;
+} rmq_sink_rows;
+
+typedef struct rmq_sink_limits {
+    int64_t max_messages;   /* messages per batch */
+    int64_t max_bytes;      /* encoded bytes per batch (a single larger message goes alone) */
+    int64_t max_body;       /* a body longer than this is a bad row */
+} rmq_sink_limits;
+
+int rmq_uniq_init(rmq_blake2b *s, const uint8_t *person16, const uint8_t *prefix, int64_t prefix_len,
+                  rmq_error *err);
+/* out: 32 * count characters (no terminator), the keys of task rows first_row ... */
+int rmq_uniq_keys(const rmq_blake2b *base, int64_t first_row, int64_t count, char *out,
+                  rmq_error *err);
+/* Splits rows from..n into batches: batch i is rows [ends[i-1] (from for i = 0), ends[i]) of
+ * sizes[i] encoded bytes; the first one continues an open batch of open_count messages and
+ * open_bytes bytes (it may be empty: that open batch is full). Stops before the first row that
+ * cannot be a message (*bad_row, else -1). *last_open = 1 when the last batch ended with the
+ * rows, not at a limit. Returns the number of batches, -1 on bad arguments (*err). */
+int64_t rmq_sink_plan(const rmq_sink_rows *rows, int64_t from, const rmq_sink_limits *lim,
+                      int64_t open_count, int64_t open_bytes, int64_t *ends, int64_t *sizes,
+                      int64_t cap, int64_t *bad_row, int32_t *last_open, rmq_error *err);
+/* Encodes rows [from, to) (planned good rows) into out, exactly out_len bytes; row r's UNIQ_KEY
+ * is that of task row task_row0 + r. */
+int rmq_sink_encode(const rmq_sink_rows *rows, int64_t from, int64_t to, const rmq_blake2b *uniq,
+                    int64_t task_row0, uint8_t *out, int64_t out_len, rmq_error *err);
 /* CDEF END */
 
 #endif

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from pyspark.sql import Row, types as T
+from pyspark.sql import Row, functions as F, types as T
 
 from conftest import BROKER_LINES, running_cluster
 from rmq_source.remote import RemotingClient
@@ -156,6 +156,52 @@ def test_round_trip(cluster, spark, tmp_path):
     assert len(again) == 2 * n and len(pairs) == n and all(len(b) == 1 for b in pairs.values())
 
 
+C_SCHEMA = T.StructType([
+    T.StructField("body", T.BinaryType()), T.StructField("tags", T.StringType()),
+    T.StructField("keys", T.ArrayType(T.StringType()))])
+
+
+def test_round_trip_of_rows_the_c_core_encodes(cluster, spark, tmp_path):
+    """body/tags/keys only: the task encodes batches in C (rmq_source/sink/encoder.py). The Java
+    consumer reads the rows with their tags and keys, each with the UNIQ_KEY of its (write,
+    partition, row); the same rows written again through the row-by-row path (a properties column
+    of nulls) carry the same UNIQ_KEYs."""
+    from rmq_source.sink.uniq import TaskKeys
+    topic, n, parts = "SinkC", 500, 3
+    make_topic(cluster, topic)
+    data = [Row(b"c%d" % i, None if i % 5 == 0 else f"t{i % 4}",
+                None if i % 7 == 0 else [] if i % 7 == 1 else [f"k{i}", "all"]) for i in range(n)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(data, parts), C_SCHEMA)
+    write(spark, cluster, df, topic, batchMessages=16, writeId="rt-c")
+    expected_key = {}
+    for p, part in enumerate(df.rdd.glom().collect()):      # each task's rows, in order
+        keys = TaskKeys("rt-c", 0, p)
+        for row, r in enumerate(part):
+            expected_key[bytes(r.body)] = keys.key(row)
+    assert len(expected_key) == n
+    got = dump(cluster, tmp_path, topic)
+    seen = {}
+    for msgs in got.values():
+        for _, body, props in msgs:
+            i = int(body[1:])
+            assert body not in seen
+            seen[body] = props
+            assert props.get("TAGS") == (None if i % 5 == 0 else f"t{i % 4}")
+            assert props.get("KEYS") == (None if i % 7 in (0, 1) else f"k{i} all")
+            assert props["UNIQ_KEY"] == expected_key[body] and props["WAIT"] == "true"
+    assert sorted(seen) == sorted(expected_key)
+    assert {b for (broker, _), msgs in got.items() for _, b, _ in msgs if broker == "broker-b"}
+
+    row_by_row = df.withColumn("properties", F.lit(None).cast("map<string,string>"))
+    write(spark, cluster, row_by_row, topic, batchMessages=16, writeId="rt-c")
+    back = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
+            .load().select("body", "uniqKey", "tags", "keys").collect())
+    assert len(back) == 2 * n
+    for r in back:
+        assert r.uniqKey == expected_key[r.body], r
+        assert r.tags == seen[r.body].get("TAGS")
+
+
 def _df(spark, cols: dict, schema: str):
     n = len(next(iter(cols.values())))
     return spark.createDataFrame([tuple(c[i] for c in cols.values()) for i in range(n)], schema)
@@ -265,6 +311,26 @@ def test_producer_memory_is_bounded(cluster):
     assert producer.flush().messages == 9000
 
 
+def test_producer_memory_is_bounded_for_batches_encoded_in_c(cluster):
+    import pyarrow as pa
+    from rmq_source.sink.encoder import BatchEncoder
+    from rmq_source.sink.uniq import TaskKeys
+    topic = "SinkBoundC"
+    make_topic(cluster, topic)
+    producer, opts = _producer(cluster, topic, batchMessages=32, batchBytes=65536)
+    encoder = BatchEncoder(opts, TaskKeys("b", 0, 7), 7)
+    rows = pa.RecordBatch.from_pydict({"body": [b"y" * 2048] * 1000})
+    peak = 0
+    for k in range(9):
+        for done in encoder.encode(rows, k * 1000):
+            producer.add_encoded(topic, done.first_row, done.count, done.data)
+            peak = max(peak, producer._buffered)
+    last = encoder.finish()       # 30 messages of 2,122 B fit 64 KiB: 299 batches, the 300th open
+    assert (last.first_row, last.count) == (8970, 30)
+    producer.add_encoded(topic, last.first_row, last.count, last.data)
+    assert producer._buffer_limit < 9000 * 2048 and peak <= producer._buffer_limit + 65536
+    assert producer.flush().messages == 9000
+
 def check_copies(spark, cluster, topic, bodies, keys_of, *, one_queue: bool = True):
     """Read ``topic`` back with our source: exactly ``bodies`` (each maybe more than once), every
     copy of a body with the same UNIQ_KEY; per key (``keys_of(body)``, None: no key), counting first
@@ -295,12 +361,14 @@ def check_copies(spark, cluster, topic, bodies, keys_of, *, one_queue: bool = Tr
     return got
 
 
-def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path):
+@pytest.mark.parametrize("keyed", [True, False], ids=["shardingKey", "body-only"])
+def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path, keyed):
     """SIGKILL a streaming query (driver, JVM, workers) while a batch is being sent, restart it
     from its checkpoint: the re-run batch sends its rows with the same UNIQ_KEYs (query id and
-    batch id come back from the checkpoint), nothing is lost, keys stay in their queue and order."""
+    batch id come back from the checkpoint), nothing is lost, keys stay in their queue and order.
+    body-only: rows the C core encodes (every row a free message)."""
     from fault_helpers import procs
-    n, topic = 1200, "SinkCrash"
+    n, topic = 1200, "SinkCrash" if keyed else "SinkCrashFree"
     make_topic(cluster, topic)
     with StoreWriter(tmp_path / "in", commitlog_file_size=1 << 20) as w:
         w.create_topic("In", 1)
@@ -310,6 +378,8 @@ def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp
             "--topic", "In", "--max-per-trigger", "100",
             "--rmq-sink", f"namesrvAddr={cluster.namesrv_addr}", "--rmq-sink", f"topic={topic}",
             "--rmq-sink", "batchMessages=2", "--rmq-sink", "maxInFlight=1"]
+    if not keyed:
+        args.append("--rmq-sink-body-only")
     proc = procs.start("stream_query.py", args, tmp_path, "first")
 
     def stored() -> int:
@@ -328,7 +398,7 @@ def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp
     assert again.wait(timeout=300) == 0, procs.tail(tmp_path, "again")
 
     got = check_copies(spark, cluster, topic, [f"c{i}".encode() for i in range(n)],
-                       lambda body: int(body[1:]) % 5)
+                       (lambda body: int(body[1:]) % 5) if keyed else (lambda body: None))
     assert len(got) > n, "the killed batch was not re-sent (the test did not kill mid-batch)"
 
 
@@ -340,17 +410,18 @@ def set_order_conf(cluster, topic, conf):
         assert rq.topic_route(client, cluster.namesrv_addr, topic).order_topic_conf == conf
 
 
-@pytest.mark.parametrize("ordered", [False, True], ids=["route", "orderTopicConf"])
-def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, ordered):
+@pytest.mark.parametrize("rows", ["route", "orderTopicConf", "free"])
+def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, rows):
     """A streaming query copies a topic into the cluster while broker-b is SIGKILLed and
     restarted: every message arrives and copies of one message share its UNIQ_KEY. The NameServer
     drops a killed broker from the route at once, so with the route (as with RocketMQ's own
     producer) a key's rows may go to another queue while the broker is away, each queue keeping
     them in input order; with an order-topic configuration the publish list stays fixed and
     every key stays in one queue in input order (one input queue: one task per batch, batches
-    in turn). Runs last in this module (it restarts broker-b)."""
-    from pyspark.sql import functions as F
-    n, topic = 1500, "SinkKillOrdered" if ordered else "SinkKill"
+    in turn). "free": no shardingKey at all, the batches the C core encodes, each failed one sent
+    to broker-a instead. Runs last in this module (it restarts broker-b)."""
+    ordered = rows == "orderTopicConf"
+    n, topic = 1500, {"route": "SinkKill", "orderTopicConf": "SinkKillOrdered", "free": "SinkKillFree"}[rows]
     make_topic(cluster, topic)
     if ordered:
         set_order_conf(cluster, topic, "broker-a:4;broker-b:3")
@@ -362,6 +433,8 @@ def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, ordered):
     src = (spark.readStream.format("rmq").option("storePath", str(tmp_path / "in")).option("topic", "In")
            .option("startingOffsets", "earliest").option("maxMessagesPerTrigger", 50).load()
            .select("body", F.col("properties")["k"].alias("shardingKey")))
+    if rows == "free":
+        src = src.select("body")
     query = (src.writeStream.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
              .option("requestRetries", 12).option("retryBackoffMs", 300).option("batchMessages", 8)
              .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
@@ -389,5 +462,6 @@ def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, ordered):
     assert (query.lastProgress or {}).get("batchId", 0) >= 20
 
     got = check_copies(spark, cluster, topic, [f"v{i}".encode() for i in range(n)],
-                       lambda body: int(body[1:]) % 11 if int(body[1:]) % 3 else None, one_queue=ordered)
+                       lambda body: int(body[1:]) % 11 if int(body[1:]) % 3 and rows != "free" else None,
+                       one_queue=ordered)
     assert {r.brokerName for r in got} == {"broker-a", "broker-b"}

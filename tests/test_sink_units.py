@@ -169,3 +169,25 @@ def test_uniq_keys_are_deterministic_and_distinct():
     for k in keys[:50]:
         assert len(k) == 32 and k == k.upper() and k[20:28] == "00000000"
         int(k, 16)
+
+
+@pytest.mark.parametrize("schema, c_path", [
+    ("body binary", True),
+    ("body string, tags string, keys array<string>", True),
+    ("body binary, keys string", True),
+    ("body binary, shardingKey string", False),
+])
+def test_spark_hands_the_c_encoder_the_arrow_types_it_takes(spark, schema, c_path):
+    """The sink's tasks run inside mapInArrow (pyspark's write_into_data_source): the Arrow batches
+    a mapInArrow function sees are those the writer gets."""
+    from pyspark.sql import functions as F
+    from rmq_source.sink.encoder import encodable
+    fields = spark.createDataFrame([], schema).schema.fields
+    df = spark.range(3).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in fields])
+
+    def seen(batches):
+        import pyarrow as pa
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"ok": [encodable(batch.schema)], "types": [str(batch.schema)]})
+    got = df.mapInArrow(seen, "ok boolean, types string").collect()
+    assert got and all(r.ok is c_path for r in got), got

@@ -77,15 +77,28 @@ def fetch_route(client: RemotingClient, opts: SinkOptions, topic: str) -> rq.Top
             "not create topics)") from None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Batch:
-    messages: list[Outgoing]
+    """One request's messages: ``messages`` (encoded when first sent) or ``encoded`` already."""
+
+    count: int
+    nbytes: int
+    first_row: int
+    last_row: int
+    messages: list[Outgoing] | None = None
+    encoded: bytes | None = None
     single: bool = False
     attempts: int = 0
 
+    @classmethod
+    def of(cls, messages: list[Outgoing], nbytes: int, *, single: bool = False) -> "_Batch":
+        rows = [m.row for m in messages]
+        return cls(len(messages), nbytes, min(rows), max(rows), messages, single=single)
+
     def rows(self) -> str:
-        rows = [m.row for m in self.messages]
-        return f"row {rows[0]}" if len(rows) == 1 else f"rows {min(rows)}..{max(rows)} ({len(rows)} messages)"
+        if self.count == 1:
+            return f"row {self.first_row}"
+        return f"rows {self.first_row}..{self.last_row} ({self.count} messages)"
 
 
 @dataclass
@@ -227,7 +240,7 @@ class TaskProducer:
         self._buffered += size
         if msg.delayed:
             self._close(lane)
-            self._enqueue(lane, _Batch([msg], single=True))
+            self._enqueue(lane, _Batch.of([msg], size, single=True))
         else:
             if lane.open and (len(lane.open) >= self.opts.batch_messages
                               or lane.open_bytes + size > self.opts.batch_bytes):
@@ -236,6 +249,20 @@ class TaskProducer:
                     lane = state.free = self._next_free(msg.topic, state)
             lane.open.append(msg)
             lane.open_bytes += size
+        self._bound_memory()
+
+    def add_encoded(self, topic: str, first_row: int, count: int, encoded: bytes) -> None:
+        """Adds a batch of free messages already encoded (:mod:`.encoder`): task rows
+        ``first_row .. first_row + count - 1``, sent to the topic's next queue."""
+        state = self._topics.get(topic)
+        if state is None or not state.queues:
+            state = self._queues(topic, f"partition {self.partition}, rows from {first_row}")
+        self._buffered += len(encoded)
+        batch = _Batch(count, len(encoded), first_row, first_row + count - 1, encoded=encoded)
+        self._enqueue(self._next_free(topic, state), batch)
+        self._bound_memory()
+
+    def _bound_memory(self) -> None:
         if self._buffered > self._buffer_limit:
             # bounded memory: send what is open and wait until enough was acknowledged
             for each in self._lanes.values():
@@ -246,7 +273,7 @@ class TaskProducer:
 
     def _close(self, lane: _Lane) -> None:
         if lane.open:
-            self._enqueue(lane, _Batch(lane.open))
+            self._enqueue(lane, _Batch.of(lane.open, lane.open_bytes))
             lane.open, lane.open_bytes = [], 0
 
     def _enqueue(self, lane: _Lane, batch: _Batch, *, first: bool = False) -> None:
@@ -288,8 +315,10 @@ class TaskProducer:
                                         queue_id=lane.queue.queue_id, born_ms=born,
                                         producer_group=self.opts.producer_group, timeout=timeout)
             else:
-                body = rq.encode_batch_encoded((m.body, m.props, 0) for m in batch.messages)
-                call = rq.send_batch_call(self.client, addr, lane.topic, body,
+                if batch.encoded is None:   # kept for retries; the messages are not needed again
+                    batch.encoded = rq.encode_batch_encoded((m.body, m.props, 0) for m in batch.messages)
+                    batch.messages = None
+                call = rq.send_batch_call(self.client, addr, lane.topic, batch.encoded,
                                           queue_id=lane.queue.queue_id, born_ms=born,
                                           producer_group=self.opts.producer_group, timeout=timeout)
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError, _NoMaster) as exc:
@@ -322,7 +351,7 @@ class TaskProducer:
         code = resp.code
         if code == SEND_OK or (code in STORE_STATUS and not self.opts.require_store_ok):
             if code != SEND_OK:
-                self.stats.unconfirmed += len(batch.messages)
+                self.stats.unconfirmed += batch.count
                 log.warning("partition %d, %s to %s: %s (accepted: requireStoreOk=false)", self.partition,
                             batch.rows(), lane.where(), STORE_STATUS[code])
             self._done(lane, batch)
@@ -337,8 +366,8 @@ class TaskProducer:
     def _done(self, lane: _Lane, batch: _Batch) -> None:
         lane.busy = False
         lane.not_before = 0.0
-        self.stats.messages += len(batch.messages)
-        self._buffered -= sum(m.size for m in batch.messages)
+        self.stats.messages += batch.count
+        self._buffered -= batch.nbytes
         self._mark_ready(lane)
 
     def _failed(self, lane: _Lane, batch: _Batch, reason: str, code: int | None) -> None:

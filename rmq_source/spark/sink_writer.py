@@ -23,9 +23,10 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
                                     WriterCommitMessage)
 
 from rmq_source.errors import RmqOptionError, RmqSourceError
-from rmq_source.sink.columns import check_schema, messages
+from rmq_source.sink.columns import check_schema
 from rmq_source.sink.options import SinkOptions, parse_sink_options
 from rmq_source.sink.producer import TaskProducer, fetch_route, shared_client
+from rmq_source.sink.task import send_rows
 from rmq_source.sink.uniq import TaskKeys
 
 log = logging.getLogger(__name__)
@@ -63,19 +64,7 @@ def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch], write_id: s
                ) -> SinkCommit:
     """Send every row of the task; the commit message counts them."""
     partition = TaskContext.get().partitionId()
-    keys = TaskKeys(write_id, batch_id, partition)
-    producer = TaskProducer(opts, partition)
-    row = 0
-    try:
-        for batch in batches:
-            for msg in messages(batch, first_row=row, partition=partition, keys=keys,
-                                default_topic=opts.topic, max_message_bytes=opts.max_message_bytes):
-                producer.add(msg)
-            row += batch.num_rows
-        stats = producer.flush()
-    except BaseException:
-        producer.abandon()
-        raise
+    stats = send_rows(TaskProducer(opts, partition), batches, TaskKeys(write_id, batch_id, partition))
     return SinkCommit(partition, stats.messages, stats.requests, stats.retries, stats.unconfirmed)
 
 

@@ -2,7 +2,7 @@
 
 ``python stream_query.py --store S --sink DIR --checkpoint DIR [--trigger 500|availableNow]
 [--max-per-trigger N] [--sleep-per-task SECONDS] [--timeout SECONDS] [--master local[N]]
-[--option NAME=VALUE ...] [--crash STEP:N] [--rmq-sink NAME=VALUE ...]``
+[--option NAME=VALUE ...] [--crash STEP:N] [--rmq-sink NAME=VALUE ...] [--rmq-sink-body-only]``
 
 The query reads every queue of ``--topic`` from the earliest offset (a restarted query resumes
 from its checkpoint); ``--option`` adds source options (e.g. ``consumerGroup=G``, and then
@@ -12,7 +12,8 @@ middle of it (the rows themselves are passed on unchanged). ``--crash`` runs the
 ``crash_source.py``, which SIGKILLs the whole query at that step of a batch's life. A processing-time query runs until the
 process is killed; an availableNow query exits 0 when it finished, 1 when it failed.
 ``--rmq-sink`` writes ``body`` and ``properties['k']`` as ``shardingKey`` to RocketMQ with the
-rmq sink instead (its options; ``--sink`` is then unused).
+rmq sink instead (its options; ``--sink`` is then unused); with ``--rmq-sink-body-only`` only
+``body`` (free rows: the batches the C core encodes).
 Prints one line per event to stdout ("started", "progress <batchId> <numInputRows>", "done").
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--crash", default=None, metavar="STEP:N", help="see crash_source.py")
     ap.add_argument("--rmq-sink", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--rmq-sink-body-only", action="store_true")
     args = ap.parse_args(argv)
     options = {"storePath": args.store, "topic": args.topic, "startingOffsets": "earliest"}
     for item in args.option:
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         df = df.mapInArrow(slow_identity, df.schema)
     if args.rmq_sink:
         from pyspark.sql import functions as F
-        writer = (df.select("body", F.col("properties")["k"].alias("shardingKey")).writeStream.format("rmq")
+        out = df.select("body") if args.rmq_sink_body_only else df.select(
+            "body", F.col("properties")["k"].alias("shardingKey"))
+        writer = (out.writeStream.format("rmq")
                   .options(**dict(item.split("=", 1) for item in args.rmq_sink))
                   .option("checkpointLocation", args.checkpoint))
     else:
