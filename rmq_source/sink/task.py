@@ -25,7 +25,7 @@ def send_rows(producer: TaskProducer, batches: Iterable[pa.RecordBatch], keys: T
     row = 0
     try:
         for batch in batches:
-            if row == 0 and encoder is None and encodable(batch.schema):
+            if row == 0 and encoder is None and opts.topic is not None and encodable(batch.schema):
                 encoder = BatchEncoder(opts, keys, partition)
             if encoder is not None:
                 for done in encoder.encode(batch, row):
