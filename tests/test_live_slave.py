@@ -8,6 +8,7 @@ slave that is gone sends the pulls back to the master.
 """
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 
@@ -100,9 +101,13 @@ class _Spy:
         return call
 
 
+_BACKEND_IDS = itertools.count(1)
+
+
 def _backend(cluster, in_flight: int, native: bool = True):
-    # a timeout of its own: a backend not shared with other tests (it caches routes)
-    return ClusterBackendSpec((cluster.namesrv_addr,), 5.0 + uuid.uuid4().int % 1000 / 1e6,
+    # a timeout of its own: a backend not shared with other tests (it caches routes and pooled
+    # connections); a counter, as random values collide within a session
+    return ClusterBackendSpec((cluster.namesrv_addr,), 5.0 + next(_BACKEND_IDS) / 1e6,
                               pulls_in_flight=in_flight, retries=1, retry_backoff_s=0.1,
                               native_pulls=native).open()
 

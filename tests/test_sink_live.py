@@ -54,10 +54,10 @@ def cluster(request, rocketmq_jars, tmp_path_factory):
         yield c
 
 
-def make_topic(cluster, topic, queues=QUEUES):
+def make_topic(cluster, topic, queues=QUEUES, perm=6):
     with RemotingClient(timeout=15) as client:
         for broker, n in queues.items():
-            rq.create_topic(client, cluster.brokers[broker].addr, topic, read_queues=n)
+            rq.create_topic(client, cluster.brokers[broker].addr, topic, read_queues=n, perm=perm)
         deadline = time.monotonic() + 30
         while {q["brokerName"] for q in rq.topic_route(client, cluster.namesrv_addr, topic).queue_datas} != set(queues):
             assert time.monotonic() < deadline, f"topic {topic} not routed"
@@ -229,6 +229,8 @@ REFUSALS = [
     ("sync master without slave", {"body": ["a"]}, "body string",
      {"topic": "SinkStrict", "requestRetries": 1, "retryBackoffMs": 10}, "RmqSendError",
      "gave up after 2 tries: the broker stored them but did not confirm .*(SLAVE_NOT_AVAILABLE|FLUSH_SLAVE_TIMEOUT).*requireStoreOk=false"),
+    ("read-only topic", {"body": ["a"]}, "body string", {"topic": "SinkReadOnly"}, "RmqSendError",
+     "topic SinkReadOnly has no writable queue .*check the topic's permission"),
     ("bad schema", {"value": ["a"]}, "value string", {"topic": "SinkErr"}, "RmqSinkSchemaError", "column 'value'"),
     ("overwrite", {"body": ["a"]}, "body string", {"topic": "SinkErr", "_mode": "overwrite"}, "RmqOptionError",
      "only appends"),
@@ -241,6 +243,7 @@ def test_refusals_name_the_row_and_what_to_do(cluster, spark, name, cols, schema
     from rmq_source import errors
     make_topic(cluster, "SinkErr")
     make_topic(cluster, "SinkStrict", {"broker-s": 2})
+    make_topic(cluster, "SinkReadOnly", perm=4)
     options = dict(options)
     mode = options.pop("_mode", "append")
     w = _df(spark, cols, schema).write.format("rmq").mode(mode).option("namesrvAddr", cluster.namesrv_addr)
