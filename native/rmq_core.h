@@ -367,15 +367,23 @@ typedef struct rmq_sink_col {
     const uint8_t *valid;
 } rmq_sink_col;
 
-/* The rows of a batch: body (required), tags, keys. keys is a string column, or, when key_lists
- * is set, the items of a list column (row r's items are key_lists[r] .. key_lists[r+1] of the
- * key_items items; key_lists_valid per row, NULL when no row is null). */
+/* The rows of a batch: body (required), tags, keys, properties. keys is a string column, or,
+ * when key_lists is set, the items of a list column (row r's items are key_lists[r] ..
+ * key_lists[r+1] of the key_items items; key_lists_valid per row, NULL when no row is null).
+ * properties (prop_lists NULL: absent) is a map column the same way: row r's entries are
+ * prop_lists[r] .. prop_lists[r+1] of prop_names/prop_values (prop_entries each). row_bad (NULL:
+ * none): 1 for a row the caller found cannot be a message (reserved or blank property names). */
 typedef struct rmq_sink_rows {
     int64_t n;
     rmq_sink_col body, tags, keys;
     const int64_t *key_lists;
     const uint8_t *key_lists_valid;
     int64_t key_items;
+    const int64_t *prop_lists;
+    const uint8_t *prop_lists_valid;
+    int64_t prop_entries;
+    rmq_sink_col prop_names, prop_values;
+    const uint8_t *row_bad;
 } rmq_sink_rows;
 
 typedef struct rmq_sink_limits {

@@ -65,23 +65,48 @@ def _outcome(fn, *args):
 
 
 _word = st.text(st.characters(blacklist_characters=" \x00", blacklist_categories=("Cs",)), min_size=1, max_size=6)
+# property names/values: clean ones have a visible ASCII character (never blank); hostile rows
+# also draw reserved, blank (to Python's str.strip), separator-holding and null ones
+_clean = st.tuples(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=4),
+                   st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                           max_size=3)).map("".join)
+_odd_names = st.sampled_from(["TAGS", "UNIQ_KEY", "DELAY", "a\x02", "", " ", "\u3000", "\x1c", "\u00e9"])
+_odd_values = st.none() | st.sampled_from(["", " ", "\t", "\u2003 ", "v\x01", "\u00e9\u00e9", "\x85"])
+
+
 _row = st.fixed_dictionaries({
     "body": st.binary(max_size=120),
     "tags": st.none() | st.text(max_size=8),
     "keys_str": st.none() | st.text(max_size=10),
     "keys_list": st.none() | st.lists(_word, max_size=3),
+    "props": st.none() | st.lists(st.tuples(_clean, _clean), max_size=3),
 })
+
+
+@st.composite
+def _rows(draw):
+    """Rows with clean properties, and half the time one more property, maybe odd, in one row."""
+    rows = draw(st.lists(_row, max_size=40))
+    if rows and draw(st.booleans()):
+        i = draw(st.integers(0, len(rows) - 1))
+        odd = (draw(_clean | _odd_names), draw(_clean | _odd_values))
+        rows[i] = {**rows[i], "props": [*(rows[i]["props"] or []), odd]}
+    return rows
+
+
 _types = st.fixed_dictionaries({
     "body": st.sampled_from([pa.binary(), pa.large_binary(), pa.string(), pa.large_string()]),
     "tags": st.sampled_from([None, pa.string(), pa.large_string()]),
     "keys": st.sampled_from([None, pa.string(), pa.large_string(), pa.list_(pa.string()),
                              pa.large_list(pa.large_string())]),
+    "props": st.sampled_from([None, pa.map_(pa.string(), pa.string()),
+                              pa.map_(pa.large_string(), pa.large_string())]),
 })
 
 
 def _table(rows, types, lead):
     """A RecordBatch of ``rows`` after ``lead`` filler rows (sliced off: arrays with an offset)."""
-    filler = [{"body": b"f", "tags": "f", "keys_str": "f", "keys_list": ["f"]}] * lead
+    filler = [{"body": b"f", "tags": "f", "keys_str": "f", "keys_list": ["f"], "props": [("TAGS", " ")]}] * lead
     rows = filler + rows
     cols = {}
     if types["body"] in (pa.string(), pa.large_string()):
@@ -93,11 +118,13 @@ def _table(rows, types, lead):
     if types["keys"] is not None:
         listed = pa.types.is_list(types["keys"]) or pa.types.is_large_list(types["keys"])
         cols["keys"] = pa.array([r["keys_list" if listed else "keys_str"] for r in rows], types["keys"])
+    if types["props"] is not None:    # (the filler's reserved, blank property lies outside the slice)
+        cols["properties"] = pa.array([r["props"] for r in rows], types["props"])
     return pa.RecordBatch.from_pydict(cols).slice(lead)
 
 
 @settings(max_examples=300, deadline=None)
-@given(rows=st.lists(_row, max_size=40), types=_types, lead=st.integers(0, 3),
+@given(rows=_rows(), types=_types, lead=st.integers(0, 3),
        cuts=st.lists(st.integers(0, 40), max_size=4), limits=st.tuples(
            st.integers(1, 5), st.integers(60, 400)), write_id=st.text(max_size=150))
 def test_same_batches_and_bytes_as_the_row_by_row_path(rows, types, lead, cuts, limits, write_id):
@@ -111,20 +138,35 @@ def test_same_batches_and_bytes_as_the_row_by_row_path(rows, types, lead, cuts, 
     assert _outcome(_encoded, batches, opts, keys) == expected
 
 
-@pytest.mark.parametrize("cols, types, match", [
-    ({"body": [b"ok", None]}, {}, "row 1: body is null"),
-    ({"body": [b"x" * 401]}, {}, "row 0: body of 401 bytes exceeds maxMessageBytes"),
-    ({"body": [b"x", b"y"], "tags": ["a", "b\x01"]}, {}, "row 1: tags contain"),
-    ({"body": [b"x"], "keys": ["a\x02b"]}, {}, "row 0: keys contain"),
-    ({"body": [b"x"], "keys": [["a", "b c"]]}, {}, "without spaces"),
-    ({"body": [b"x"], "keys": [["a", ""]]}, {}, "without spaces"),
-    ({"body": [b"x"], "keys": [["a", None]]}, {}, "without spaces"),
-    ({"body": [b"x"], "keys": [["a\x01"]]}, {}, "keys contain"),
-    ({"body": [b"x"], "tags": ["t" * 40000]}, {}, "at most 32767"),
-    ({"body": [b"x"], "keys": [["k" * 20000, "k" * 20000]]}, {}, "at most 32767"),
+@pytest.mark.parametrize("cols, match", [
+    ({"body": [b"ok", None]}, "row 1: body is null"),
+    ({"body": [b"x" * 401]}, "row 0: body of 401 bytes exceeds maxMessageBytes"),
+    ({"body": [b"x", b"y"], "tags": ["a", "b\x01"]}, "row 1: tags contain"),
+    ({"body": [b"x"], "keys": ["a\x02b"]}, "row 0: keys contain"),
+    ({"body": [b"x"], "keys": [["a", "b c"]]}, "without spaces"),
+    ({"body": [b"x"], "keys": [["a", ""]]}, "without spaces"),
+    ({"body": [b"x"], "keys": [["a", None]]}, "without spaces"),
+    ({"body": [b"x"], "keys": [["a\x01"]]}, "keys contain"),
+    ({"body": [b"x"], "tags": ["t" * 40000]}, "at most 32767"),
+    ({"body": [b"x"], "keys": [["k" * 20000, "k" * 20000]]}, "at most 32767"),
+    ({"body": [b"x", b"y"], "properties": [[("a", "1")], [("UNIQ_KEY", "1")]]}, "row 1: property 'UNIQ_KEY' is reserved"),
+    ({"body": [b"x"], "properties": [[("a", "1"), ("\u3000", "1")]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[("a", "\u2003")]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[(" ", "v")]]}, "property ' ': names and values must be non-blank"),
+    ({"body": [b"x"], "properties": [[("a", " \t")]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[("a", "\x85")]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[("\x1c", "v")]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[("a", None)]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[("a", "")]]}, "non-blank"),
+    ({"body": [b"x"], "properties": [[("a\x01", "v")]]}, "separate properties"),
+    ({"body": [b"x"], "properties": [[("a", "v" * 40000)]]}, "at most 32767"),
+    ({"body": [b"x"], "properties": [[("a", "v" * 20000), ("b", "v" * 20000)]]}, "at most 32767"),
 ])
-def test_bad_rows_fail_with_the_row_by_row_error(cols, types, match):
+def test_bad_rows_fail_with_the_row_by_row_error(cols, match):
+    if "properties" in cols:
+        cols = {**cols, "properties": pa.array(cols["properties"], pa.map_(pa.string(), pa.string()))}
     batch = pa.RecordBatch.from_pydict(cols)
+    assert encodable(batch.schema)
     opts = _opts(max_message_bytes=400)
     keys = TaskKeys("w", 0, PARTITION)
     with pytest.raises(RmqSinkRowError) as row_by_row:
@@ -153,7 +195,8 @@ def test_a_batch_stays_open_across_arrow_batches_until_full():
     ({"tags": pa.string()}, False),
     ({"body": pa.binary(), "topic": pa.string()}, False),
     ({"body": pa.binary(), "keys": pa.list_(pa.binary())}, False),
-    ({"body": pa.binary(), "properties": pa.map_(pa.string(), pa.string())}, False),
+    ({"body": pa.binary(), "properties": pa.map_(pa.string(), pa.string())}, True),
+    ({"body": pa.binary(), "properties": pa.map_(pa.string(), pa.int32())}, False),
     ({"body": pa.binary(), "shardingKey": pa.string()}, False),
     ({"body": pa.binary_view()}, False),
 ])

@@ -158,19 +158,23 @@ def test_round_trip(cluster, spark, tmp_path):
 
 C_SCHEMA = T.StructType([
     T.StructField("body", T.BinaryType()), T.StructField("tags", T.StringType()),
-    T.StructField("keys", T.ArrayType(T.StringType()))])
+    T.StructField("keys", T.ArrayType(T.StringType())),
+    T.StructField("properties", T.MapType(T.StringType(), T.StringType()))])
 
 
 def test_round_trip_of_rows_the_c_core_encodes(cluster, spark, tmp_path):
-    """body/tags/keys only: the task encodes batches in C (rmq_source/sink/encoder.py). The Java
-    consumer reads the rows with their tags and keys, each with the UNIQ_KEY of its (write,
-    partition, row); the same rows written again through the row-by-row path (a properties column
-    of nulls) carry the same UNIQ_KEYs."""
+    """body/tags/keys/properties only: the task encodes batches in C (rmq_source/sink/encoder.py).
+    The Java consumer reads the rows with their tags, keys and properties, each with the UNIQ_KEY
+    of its (write, partition, row); the same rows written again through the row-by-row path (a
+    delayTimeLevel column of nulls) carry the same UNIQ_KEYs."""
+    from rmq_source.sink.columns import RESERVED_PROPERTIES
     from rmq_source.sink.uniq import TaskKeys
     topic, n, parts = "SinkC", 500, 3
     make_topic(cluster, topic)
     data = [Row(b"c%d" % i, None if i % 5 == 0 else f"t{i % 4}",
-                None if i % 7 == 0 else [] if i % 7 == 1 else [f"k{i}", "all"]) for i in range(n)]
+                None if i % 7 == 0 else [] if i % 7 == 1 else [f"k{i}", "all"],
+                None if i % 3 == 0 else {} if i % 3 == 1 else {"i": str(i), "caf\u00e9": "\u00e9t\u00e9 \u2603"})
+            for i in range(n)]
     df = spark.createDataFrame(spark.sparkContext.parallelize(data, parts), C_SCHEMA)
     write(spark, cluster, df, topic, batchMessages=16, writeId="rt-c")
     expected_key = {}
@@ -189,10 +193,12 @@ def test_round_trip_of_rows_the_c_core_encodes(cluster, spark, tmp_path):
             assert props.get("TAGS") == (None if i % 5 == 0 else f"t{i % 4}")
             assert props.get("KEYS") == (None if i % 7 in (0, 1) else f"k{i} all")
             assert props["UNIQ_KEY"] == expected_key[body] and props["WAIT"] == "true"
+            own = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES}   # brokers add some
+            assert own == ({"i": str(i), "caf\u00e9": "\u00e9t\u00e9 \u2603"} if i % 3 == 2 else {}), own
     assert sorted(seen) == sorted(expected_key)
     assert {b for (broker, _), msgs in got.items() for _, b, _ in msgs if broker == "broker-b"}
 
-    row_by_row = df.withColumn("properties", F.lit(None).cast("map<string,string>"))
+    row_by_row = df.withColumn("delayTimeLevel", F.lit(None).cast("int"))
     write(spark, cluster, row_by_row, topic, batchMessages=16, writeId="rt-c")
     back = (spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
             .load().select("body", "uniqKey", "tags", "keys").collect())

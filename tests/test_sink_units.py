@@ -175,6 +175,7 @@ def test_uniq_keys_are_deterministic_and_distinct():
     ("body binary", True),
     ("body string, tags string, keys array<string>", True),
     ("body binary, keys string", True),
+    ("body binary, properties map<string,string>", True),
     ("body binary, shardingKey string", False),
 ])
 def test_spark_hands_the_c_encoder_the_arrow_types_it_takes(spark, schema, c_path):

@@ -7,7 +7,7 @@
  *   TOTALSIZE int32 (= 22 + BODYLENGTH + PROPERTIESLENGTH), MAGICCODE int32 0, BODYCRC int32 0,
  *   FLAG int32 0, BODYLENGTH int32, BODY, PROPERTIESLENGTH int16, PROPERTIES
  * PROPERTIES (name \x01 value \x02 ...), in this order and only when present:
- *   TAGS \x01 tags \x02, KEYS \x01 keys joined by spaces \x02, UNIQ_KEY \x01 <32 hex> \x02,
+ *   the row's own properties in map order, TAGS \x01 tags \x02, KEYS \x01 keys joined by spaces \x02, UNIQ_KEY \x01 <32 hex> \x02,
  *   WAIT \x01 true \x02
  * UNIQ_KEY of task row r: BLAKE2b-96 (personalized) of prefix || r as 8 bytes big-endian, laid
  * out as digest bytes 0-9, four zero bytes, digest bytes 10-11, in uppercase hex
@@ -176,9 +176,23 @@ static int col_check(const rmq_sink_col *c, const char *name, int64_t from, int6
 
 /* Encoded properties length of row r, or -1 when the row cannot be a message (the caller
  * names the row; the Python path words the reason). Keys of a list column are joined by
- * spaces; each must be non-empty, without a space. */
+ * spaces; each must be non-empty, without a space. Property names and values must be non-empty
+ * and free of separators (blank and reserved names are the caller's row_bad). */
 static int64_t row_props_len(const rmq_sink_rows *rw, int64_t r) {
     int64_t len = SINK_UNIQ_WAIT;
+    if (rw->row_bad && rw->row_bad[r]) return -1;
+    if (rw->prop_lists && !(rw->prop_lists_valid && !rw->prop_lists_valid[r])) {
+        for (int64_t i = rw->prop_lists[r]; i < rw->prop_lists[r + 1]; i++) {
+            if (col_null(&rw->prop_names, i) || col_null(&rw->prop_values, i)) return -1;
+            int64_t a = rw->prop_names.off[i], b = rw->prop_names.off[i + 1];
+            int64_t c = rw->prop_values.off[i], d = rw->prop_values.off[i + 1];
+            if (a == b || c == d || has_sep(rw->prop_names.data + a, b - a) ||
+                has_sep(rw->prop_values.data + c, d - c))
+                return -1;
+            len += (b - a) + (d - c) + 2;
+            if (len > SINK_MAX_PROPS) return -1;
+        }
+    }
     if (rw->tags.off && !col_null(&rw->tags, r)) {
         int64_t a = rw->tags.off[r], b = rw->tags.off[r + 1];
         if (has_sep(rw->tags.data + a, b - a)) return -1;
@@ -229,6 +243,19 @@ static int rows_check(const rmq_sink_rows *rw, int64_t from, int64_t to, rmq_err
                                    "column keys: list offsets decrease at row %lld", (long long)r);
             rc = col_check(&rw->keys, "keys items", i0, i1, err);
         }
+    }
+    if (!rc && rw->prop_lists) {
+        int64_t i0 = rw->prop_lists[from], i1 = rw->prop_lists[to];
+        if (i0 < 0 || i1 > rw->prop_entries || i0 > i1)
+            return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
+                           "column properties: map offsets [%lld, %lld] outside its %lld entries",
+                           (long long)i0, (long long)i1, (long long)rw->prop_entries);
+        for (int64_t r = from; r < to; r++)
+            if (rw->prop_lists[r] > rw->prop_lists[r + 1])
+                return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
+                               "column properties: map offsets decrease at row %lld", (long long)r);
+        rc = col_check(&rw->prop_names, "property names", i0, i1, err);
+        if (!rc) rc = col_check(&rw->prop_values, "property values", i0, i1, err);
     }
     return rc;
 }
@@ -309,6 +336,17 @@ int rmq_sink_encode(const rmq_sink_rows *rw, int64_t from, int64_t to, const rmq
         p += blen;
         *p++ = (uint8_t)(plen >> 8);
         *p++ = (uint8_t)plen;
+        if (rw->prop_lists && !(rw->prop_lists_valid && !rw->prop_lists_valid[r])) {
+            for (int64_t i = rw->prop_lists[r]; i < rw->prop_lists[r + 1]; i++) {
+                int64_t a = rw->prop_names.off[i], na = rw->prop_names.off[i + 1] - a;
+                int64_t c = rw->prop_values.off[i], nc = rw->prop_values.off[i + 1] - c;
+                memcpy(p, rw->prop_names.data + a, (size_t)na);
+                p[na] = 1;
+                memcpy(p + na + 1, rw->prop_values.data + c, (size_t)nc);
+                p[na + 1 + nc] = 2;
+                p += na + nc + 2;
+            }
+        }
         if (rw->tags.off && !col_null(&rw->tags, r)) {
             int64_t a = rw->tags.off[r], n = rw->tags.off[r + 1] - a;
             memcpy(p, "TAGS\x01", 5);

@@ -1,11 +1,15 @@
 """A task's rows encoded into batch request bodies by the C core, without a Python object per row.
 
-Applies when the DataFrame's columns are only ``body`` and any of ``tags`` and ``keys`` (string or
-array of strings): then every row is a free message (any queue, no delay) of the ``topic`` option,
+Applies when the DataFrame's columns are only ``body`` and any of ``tags``, ``keys`` (string or
+array of strings) and ``properties``: then every row is a free message (any queue, no delay) of
+the ``topic`` option,
 and the C core (native/core/sinkenc.c) splits the rows into batches of at most ``batchMessages``
 messages and ``batchBytes`` bytes, checks them as :func:`rmq_source.sink.columns.messages` does,
 and writes each batch's SEND_BATCH_MESSAGE body with the same properties and UNIQ_KEYs
-(:mod:`.uniq`) byte for byte. Other columns go through :mod:`.columns`, row by row.
+(:mod:`.uniq`) byte for byte. Other columns go through :mod:`.columns`, row by row. Property
+names RocketMQ reserves and names or values that may be blank (no visible ASCII character: Python's
+``str.strip`` decides) are looked for over whole columns first; only the rows they are in are
+checked row by row.
 
 A batch still open at the end of an Arrow batch is kept and filled from the next one, so batches
 do not depend on how Spark cut the rows. A row that cannot be a message is reported by
@@ -18,9 +22,10 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rmq_source.errors import RmqSinkRowError
-from rmq_source.sink.columns import messages
+from rmq_source.sink.columns import RESERVED_PROPERTIES, messages
 from rmq_source.sink.options import SinkOptions
 from rmq_source.sink.uniq import PERSON, TaskKeys
 from rmq_source.store.native import _raise, ffi, lib
@@ -29,6 +34,8 @@ _VAR = (pa.types.is_binary, pa.types.is_string, pa.types.is_large_binary, pa.typ
 _TEXT = (pa.types.is_string, pa.types.is_large_string)
 _LIST = (pa.types.is_list, pa.types.is_large_list)
 _PERSON16 = PERSON.ljust(16, b"\0")
+_RESERVED = pa.array(sorted(RESERVED_PROPERTIES))
+_VISIBLE = "[!-~]"      # a visible ASCII character: not blank whatever else the text holds
 
 
 def _is(checks, t: pa.DataType) -> bool:
@@ -44,6 +51,9 @@ def encodable(schema: pa.Schema) -> bool:
         if field.name == "tags" and _is(_TEXT, t):
             continue
         if field.name == "keys" and (_is(_TEXT, t) or (_is(_LIST, t) and _is(_TEXT, t.value_type))):
+            continue
+        if field.name == "properties" and pa.types.is_map(t) and _is(_TEXT, t.key_type) \
+                and _is(_TEXT, t.item_type):
             continue
         return False
     return schema.get_field_index("body") >= 0
@@ -117,6 +127,8 @@ class BatchEncoder:
                 _fill(rows.keys, keys.values, keep)
             else:
                 _fill(rows.keys, keys, keep)
+        if (i := batch.schema.get_field_index("properties")) >= 0:
+            self._properties(rows, batch, i, first_row, keep)
         ends, sizes = np.empty(n + 1, np.int64), np.empty(n + 1, np.int64)
         bad, last_open = ffi.new("int64_t *"), ffi.new("int32_t *")
         open_ = self._open
@@ -145,16 +157,53 @@ class BatchEncoder:
                 self._open = None
                 yield done
         if bad[0] >= 0:
-            self._reject(batch, int(bad[0]), first_row)
+            raise self._row_error(batch, int(bad[0]), first_row) or RmqSinkRowError(
+                f"partition {self.partition}, row {first_row + int(bad[0])}: cannot be a message "
+                "(rejected by the batch encoder)")
 
-    def _reject(self, batch: pa.RecordBatch, row: int, first_row: int) -> None:
-        """Raises the row's error as the row-by-row path words it."""
-        for _ in messages(batch.slice(row, 1), first_row=first_row + row, partition=self.partition,
-                          keys=self.keys, default_topic=self.opts.topic,
-                          max_message_bytes=self.opts.max_message_bytes):
-            pass
-        raise RmqSinkRowError(f"partition {self.partition}, row {first_row + row}: cannot be a "
-                              "message (rejected by the batch encoder)")
+    def _properties(self, rows, batch: pa.RecordBatch, i: int, first_row: int, keep: list) -> None:
+        """Points ``rows`` at the map column ``i``; the first row with a reserved name or a name
+        or value that is blank (checked row by row where it may be) is marked bad."""
+        props, n = batch.column(i), batch.num_rows
+        lists = _offsets(props.buffers()[1], False, props.offset, n)
+        names, values = props.keys, props.items
+        valid = _valid(props)
+        keep.extend((lists, valid))
+        rows.prop_lists = ffi.from_buffer("int64_t[]", lists)
+        rows.prop_lists_valid = ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid)
+        rows.prop_entries = len(names)
+        _fill(rows.prop_names, names, keep)
+        _fill(rows.prop_values, values, keep)
+        if not len(names):
+            return
+        doubt = pc.or_kleene(pc.invert(pc.match_substring_regex(names, _VISIBLE)),
+                             pc.invert(pc.match_substring_regex(values, _VISIBLE)))
+        doubt = pc.or_(pc.fill_null(doubt, True), pc.is_in(names, value_set=_RESERVED))
+        entries = np.flatnonzero(doubt.to_numpy(zero_copy_only=False))
+        if not len(entries):
+            return
+        # the rows holding those entries (a null row's entries are not its properties)
+        owner = np.searchsorted(lists, entries, side="right") - 1
+        for r in np.unique(owner[(entries >= lists[0]) & (entries < lists[-1])]):
+            if valid is not None and not valid[r]:
+                continue
+            if self._row_error(batch, int(r), first_row) is not None:
+                row_bad = np.zeros(n, np.uint8)
+                row_bad[r] = 1
+                keep.append(row_bad)
+                rows.row_bad = ffi.from_buffer("uint8_t[]", row_bad)
+                return
+
+    def _row_error(self, batch: pa.RecordBatch, row: int, first_row: int) -> RmqSinkRowError | None:
+        """The row-by-row path's error for the row (its words), None when it takes the row."""
+        try:
+            for _ in messages(batch.slice(row, 1), first_row=first_row + row, partition=self.partition,
+                              keys=self.keys, default_topic=self.opts.topic,
+                              max_message_bytes=self.opts.max_message_bytes):
+                pass
+        except RmqSinkRowError as exc:
+            return exc
+        return None
 
     def finish(self) -> EncodedBatch | None:
         """The batch left open, if any."""
