@@ -171,6 +171,7 @@ def test_uniq_keys_are_deterministic_and_distinct():
         int(k, 16)
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["default", "useLargeVarTypes"])
 @pytest.mark.parametrize("schema, c_path", [
     ("body binary", True),
     ("body string, tags string, keys array<string>", True),
@@ -178,9 +179,9 @@ def test_uniq_keys_are_deterministic_and_distinct():
     ("body binary, properties map<string,string>", True),
     ("body binary, shardingKey string", False),
 ])
-def test_spark_hands_the_c_encoder_the_arrow_types_it_takes(spark, schema, c_path):
+def test_spark_hands_the_c_encoder_the_arrow_types_it_takes(spark, schema, c_path, large):
     """The sink's tasks run inside mapInArrow (pyspark's write_into_data_source): the Arrow batches
-    a mapInArrow function sees are those the writer gets."""
+    a mapInArrow function sees are those the writer gets, with Spark's large-types setting either way."""
     from pyspark.sql import functions as F
     from rmq_source.sink.encoder import encodable
     fields = spark.createDataFrame([], schema).schema.fields
@@ -190,5 +191,15 @@ def test_spark_hands_the_c_encoder_the_arrow_types_it_takes(spark, schema, c_pat
         import pyarrow as pa
         for batch in batches:
             yield pa.RecordBatch.from_pydict({"ok": [encodable(batch.schema)], "types": [str(batch.schema)]})
-    got = df.mapInArrow(seen, "ok boolean, types string").collect()
+    conf = "spark.sql.execution.arrow.useLargeVarTypes"
+    before = spark.conf.get(conf, None)
+    spark.conf.set(conf, str(large).lower())
+    try:
+        got = df.mapInArrow(seen, "ok boolean, types string").collect()
+    finally:
+        if before is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, before)
     assert got and all(r.ok is c_path for r in got), got
+    assert all(("large_" in r.types) is large for r in got), got     # the setting took
