@@ -257,3 +257,29 @@ def test_encode_checks_the_output_size():
         from rmq_source.store.native import _raise
         assert lib.rmq_sink_plan(rows, 0, ffi.NULL, 0, 0, ffi.NULL, ffi.NULL, 0, ffi.NULL, ffi.NULL, err) == -1
         _raise(err)
+
+
+@pytest.mark.parametrize("which, lists, items, match", [
+    ("keys", [0, 5], 2, "column keys: list offsets [0, 5] outside its 2 entries"),
+    ("keys", [1, 0, 2], 2, "column keys: list offsets decrease at row 0"),
+    ("properties", [0, 2, 1], 2, "column properties: list offsets decrease at row 1"),
+    ("properties", [-1, 1], 2, "column properties: list offsets [-1, 1] outside"),
+])
+def test_hostile_list_offsets_are_errors_not_reads(which, lists, items, match):
+    n = len(lists) - 1
+    rows, keep = _raw_rows([0] * (n + 1), bytearray(1), n)
+    child_off = ffi.new("int64_t[]", [0, 1, 2])
+    data = ffi.from_buffer(bytearray(b"ab"))
+    keep += [ffi.new("int64_t[]", lists), child_off, data]
+    if which == "keys":
+        rows.key_lists, rows.key_items = keep[-3], items
+        rows.keys.off, rows.keys.data, rows.keys.data_len = child_off, data, 2
+    else:
+        rows.prop_lists, rows.prop_entries = keep[-3], items
+        for col in (rows.prop_names, rows.prop_values):
+            col.off, col.data, col.data_len = child_off, data, 2
+    lim = ffi.new("rmq_sink_limits *", (10, 1000, 1000))
+    ends, sizes = ffi.new("int64_t[]", n + 1), ffi.new("int64_t[]", n + 1)
+    bad, last_open, err = ffi.new("int64_t *"), ffi.new("int32_t *"), ffi.new("rmq_error *")
+    assert lib.rmq_sink_plan(rows, 0, lim, 0, 0, ends, sizes, n + 1, bad, last_open, err) == -1
+    assert match in ffi.string(err.message).decode()

@@ -221,6 +221,25 @@ static int64_t row_props_len(const rmq_sink_rows *rw, int64_t r) {
     return len > SINK_MAX_PROPS ? -1 : len;
 }
 
+/* Check the list (or map) offsets of rows [from, to) against the `items` entries of its child
+ * column(s), and those entries' own offsets; 0 when sound. */
+static int lists_check(const int64_t *lists, int64_t items, const rmq_sink_col *child,
+                       const rmq_sink_col *child2, const char *name, int64_t from, int64_t to,
+                       rmq_error *err) {
+    int64_t i0 = lists[from], i1 = lists[to];
+    if (i0 < 0 || i1 > items || i0 > i1)
+        return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
+                       "column %s: list offsets [%lld, %lld] outside its %lld entries", name,
+                       (long long)i0, (long long)i1, (long long)items);
+    for (int64_t r = from; r < to; r++)
+        if (lists[r] > lists[r + 1])
+            return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
+                           "column %s: list offsets decrease at row %lld", name, (long long)r);
+    int rc = col_check(child, name, i0, i1, err);
+    if (!rc && child2) rc = col_check(child2, name, i0, i1, err);
+    return rc;
+}
+
 static int rows_check(const rmq_sink_rows *rw, int64_t from, int64_t to, rmq_error *err) {
     if (!rw || from < 0 || to < from || to > rw->n)
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad row range [%lld, %lld)",
@@ -229,34 +248,12 @@ static int rows_check(const rmq_sink_rows *rw, int64_t from, int64_t to, rmq_err
     int rc = col_check(&rw->body, "body", from, to, err);
     if (!rc && rw->tags.off) rc = col_check(&rw->tags, "tags", from, to, err);
     if (!rc && rw->keys.off) {
-        if (!rw->key_lists) {
-            rc = col_check(&rw->keys, "keys", from, to, err);
-        } else {
-            int64_t i0 = rw->key_lists[from], i1 = rw->key_lists[to];
-            if (i0 < 0 || i1 > rw->key_items || i0 > i1)
-                return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
-                               "column keys: list offsets [%lld, %lld] outside its %lld items",
-                               (long long)i0, (long long)i1, (long long)rw->key_items);
-            for (int64_t r = from; r < to; r++)
-                if (rw->key_lists[r] > rw->key_lists[r + 1])
-                    return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
-                                   "column keys: list offsets decrease at row %lld", (long long)r);
-            rc = col_check(&rw->keys, "keys items", i0, i1, err);
-        }
+        if (!rw->key_lists) rc = col_check(&rw->keys, "keys", from, to, err);
+        else rc = lists_check(rw->key_lists, rw->key_items, &rw->keys, NULL, "keys", from, to, err);
     }
-    if (!rc && rw->prop_lists) {
-        int64_t i0 = rw->prop_lists[from], i1 = rw->prop_lists[to];
-        if (i0 < 0 || i1 > rw->prop_entries || i0 > i1)
-            return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
-                           "column properties: map offsets [%lld, %lld] outside its %lld entries",
-                           (long long)i0, (long long)i1, (long long)rw->prop_entries);
-        for (int64_t r = from; r < to; r++)
-            if (rw->prop_lists[r] > rw->prop_lists[r + 1])
-                return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1,
-                               "column properties: map offsets decrease at row %lld", (long long)r);
-        rc = col_check(&rw->prop_names, "property names", i0, i1, err);
-        if (!rc) rc = col_check(&rw->prop_values, "property values", i0, i1, err);
-    }
+    if (!rc && rw->prop_lists)
+        rc = lists_check(rw->prop_lists, rw->prop_entries, &rw->prop_names, &rw->prop_values,
+                         "properties", from, to, err);
     return rc;
 }
 
