@@ -2,14 +2,13 @@
 
 Applies when the DataFrame's columns are only ``body`` and any of ``tags``, ``keys`` (string or
 array of strings) and ``properties``: then every row is a free message (any queue, no delay) of
-the ``topic`` option,
-and the C core (native/core/sinkenc.c) splits the rows into batches of at most ``batchMessages``
-messages and ``batchBytes`` bytes, checks them as :func:`rmq_source.sink.columns.messages` does,
-and writes each batch's SEND_BATCH_MESSAGE body with the same properties and UNIQ_KEYs
-(:mod:`.uniq`) byte for byte. Other columns go through :mod:`.columns`, row by row. Property
-names RocketMQ reserves and names or values that may be blank (no visible ASCII character: Python's
-``str.strip`` decides) are looked for over whole columns first; only the rows they are in are
-checked row by row.
+the ``topic`` option, and the C core (native/core/sinkenc.c) splits the rows into batches of at
+most ``batchMessages`` messages and ``batchBytes`` bytes, checks them as
+:func:`rmq_source.sink.columns.messages` does, and writes each batch's SEND_BATCH_MESSAGE body
+with the same properties and UNIQ_KEYs (:mod:`.uniq`) byte for byte. Other columns go through
+:mod:`.columns`, row by row. Property names RocketMQ reserves and names or values that may be
+blank (no visible ASCII character: Python's ``str.strip`` decides) are looked for over whole
+columns first; only the rows they are in are checked row by row.
 
 A batch still open at the end of an Arrow batch is kept and filled from the next one, so batches
 do not depend on how Spark cut the rows. A row that cannot be a message is reported by
