@@ -377,7 +377,7 @@ def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp
     batch id come back from the checkpoint), nothing is lost, keys stay in their queue and order.
     body-only: rows the C core encodes (every row a free message)."""
     from fault_helpers import procs
-    n = 1200
+    n, per_batch = 3000, 1000
     with StoreWriter(tmp_path / "in", commitlog_file_size=1 << 20) as w:
         w.create_topic("In", 1)
         for i in range(n):
@@ -389,25 +389,27 @@ def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp
             total += sum(q.max_offset for q in rq.topic_stats(client, cluster.brokers[broker].addr, topic).values())
         return total
 
-    # kill in the first half of a batch (100 rows a batch, sent 2 at a time, one request at once);
-    # the batch may still finish before the signal lands on a busy machine: then try again
+    # kill in the first half of a micro-batch (1,000 rows, sent one per request, one request at
+    # once: the C path sends such a batch in ~0.2 s); the batch may still finish before the
+    # signal lands on a busy machine: then try again
     for attempt in range(3):
         topic = f"SinkCrash{'' if keyed else 'Free'}{attempt}"
         make_topic(cluster, topic)
         args = ["--store", str(tmp_path / "in"), "--sink", "unused", "--checkpoint",
-                str(tmp_path / f"chk{attempt}"), "--topic", "In", "--max-per-trigger", "100",
+                str(tmp_path / f"chk{attempt}"), "--topic", "In", "--max-per-trigger", str(per_batch),
                 "--rmq-sink", f"namesrvAddr={cluster.namesrv_addr}", "--rmq-sink", f"topic={topic}",
-                "--rmq-sink", "batchMessages=2", "--rmq-sink", "maxInFlight=1"]
+                "--rmq-sink", "batchMessages=1", "--rmq-sink", "maxInFlight=1"]
         if not keyed:
             args.append("--rmq-sink-body-only")
         proc = procs.start("stream_query.py", args, tmp_path, f"first{attempt}")
         with RemotingClient(timeout=15) as client:
             try:
-                procs.wait_for(lambda: (lambda t: t >= 200 and 0 < t % 100 <= 50)(stored(client, topic)),
+                procs.wait_for(lambda: (lambda t: t >= per_batch and 0 < t % per_batch <= per_batch // 2)(
+                                   stored(client, topic)),
                                240, "a batch half sent", proc=proc, interval=0.002)
             finally:
                 procs.kill_group(proc)
-            if stored(client, topic) % 100:     # dead with part of a batch sent: not committed
+            if stored(client, topic) % per_batch:   # dead with part of a batch sent: not committed
                 break
     else:
         pytest.fail("three SIGKILLs all landed after the batch under way was sent")
