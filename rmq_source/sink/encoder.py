@@ -92,6 +92,16 @@ def _fill(col, arr: pa.Array, keep: list) -> None:
     col.valid = ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid)
 
 
+def _lists(arr: pa.Array, keep: list):
+    """(offsets pointer, validity pointer or NULL, offsets, validity) of a list or map array;
+    ``keep`` holds the memory."""
+    lists = _offsets(arr.buffers()[1], pa.types.is_large_list(arr.type), arr.offset, len(arr))
+    valid = _valid(arr)
+    keep.extend((lists, valid))
+    return (ffi.from_buffer("int64_t[]", lists),
+            ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid), lists, valid)
+
+
 class BatchEncoder:
     """Encodes the rows of one task (their Arrow batches in order) into :class:`EncodedBatch`\\ es."""
 
@@ -117,11 +127,7 @@ class BatchEncoder:
         if (i := batch.schema.get_field_index("keys")) >= 0:
             keys = batch.column(i)
             if _is(_LIST, keys.type):
-                lists = _offsets(keys.buffers()[1], pa.types.is_large_list(keys.type), keys.offset, n)
-                valid = _valid(keys)
-                keep.extend((lists, valid))
-                rows.key_lists = ffi.from_buffer("int64_t[]", lists)
-                rows.key_lists_valid = ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid)
+                rows.key_lists, rows.key_lists_valid, _, _ = _lists(keys, keep)
                 rows.key_items = len(keys.values)
                 _fill(rows.keys, keys.values, keep)
             else:
@@ -164,12 +170,8 @@ class BatchEncoder:
         """Points ``rows`` at the map column ``i``; the first row with a reserved name or a name
         or value that is blank (checked row by row where it may be) is marked bad."""
         props, n = batch.column(i), batch.num_rows
-        lists = _offsets(props.buffers()[1], False, props.offset, n)
         names, values = props.keys, props.items
-        valid = _valid(props)
-        keep.extend((lists, valid))
-        rows.prop_lists = ffi.from_buffer("int64_t[]", lists)
-        rows.prop_lists_valid = ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid)
+        rows.prop_lists, rows.prop_lists_valid, lists, valid = _lists(props, keep)
         rows.prop_entries = len(names)
         _fill(rows.prop_names, names, keep)
         _fill(rows.prop_values, values, keep)
