@@ -45,15 +45,19 @@ class Peer:
         self.sock.close()
 
 
-def read_request(conn) -> RemotingCommand:
-    head = b""
-    while len(head) < 4:
-        head += conn.recv(4 - len(head))
-    total = struct.unpack(">i", head)[0]
+def _recv_exactly(conn, n: int) -> bytes:
     data = b""
-    while len(data) < total:
-        data += conn.recv(total - len(data))
-    return frames.decode(data)
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:       # the client closed: without this the peer's thread spins forever
+            raise ConnectionResetError("the client closed the connection")
+        data += chunk
+    return data
+
+
+def read_request(conn) -> RemotingCommand:
+    total = struct.unpack(">i", _recv_exactly(conn, 4))[0]
+    return frames.decode(_recv_exactly(conn, total))
 
 
 def answer(req, code=0, body=b"", ext=None, stype=frames.SERIALIZE_JSON, remark=None) -> bytes:
