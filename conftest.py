@@ -218,25 +218,28 @@ def fixture_file(name: str) -> Path:
 def spark():
     """The one local Spark session of the test run (local[2], no UI, small shuffles)."""
     pyspark_sql = require("pyspark.sql", "the Spark tests need pyspark (pip install -e '.[test]')")
-    session = (
-        pyspark_sql.SparkSession.builder.master("local[2]")
-        .appName("rmq_source-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
+    with phase_timings.timed("Spark session start (test process)"):
+        session = (
+            pyspark_sql.SparkSession.builder.master("local[2]")
+            .appName("rmq_source-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.memory", "2g")
+            .config("spark.sql.streaming.stopTimeout", "30s")
+            .getOrCreate()
+        )
     session.sparkContext.setLogLevel("ERROR")
     from rmq_source import RocketMQDataSource
     session.dataSource.register(RocketMQDataSource)
     yield session
-    session.stop()
+    with phase_timings.timed("Spark session stop (test process)"):
+        session.stop()
 
 
 # ----------------------------------------------------------------------------- real RocketMQ servers
 sys.path.insert(0, str(REPO / "tests"))
+import phase_timings  # noqa: E402
 import rocketmq_cluster  # noqa: E402
 
 BROKER_LINES = ("4.9", "5.3")
@@ -274,13 +277,14 @@ def running_cluster(rocketmq_jars, line: str, tmp_path_factory, name: str, **kw)
     version, jars = rocketmq_jars(line)
     cluster = rocketmq_cluster.Cluster(version, jars, tmp_path_factory.mktemp(f"{name}-{version}"), **kw)
     try:
-        cluster.start()
+        with phase_timings.timed("RocketMQ cluster start (NameServer + brokers)", f"{name}-{version}"):
+            cluster.start()
     except rocketmq_cluster.ServerError as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(graceful=False)        # nothing reads its stores afterwards
 
 
 @pytest.fixture(scope="session", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
@@ -301,3 +305,37 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("RocketMQ server logs", f"workdir {cluster.workdir}\n"
                                     + cluster.log_tails()))
 
+
+
+# ----------------------------------------------------------------------------- where the time goes
+_RUN_STARTED = 0.0
+
+
+def pytest_configure(config):
+    """One timings file per run (phase_timings.py), inherited by every helper process."""
+    global _RUN_STARTED
+    import time
+    _RUN_STARTED = time.monotonic()
+    if os.environ.get(phase_timings.ENV) is None:
+        fd, path = tempfile.mkstemp(prefix="rmq-phase-timings-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[phase_timings.ENV] = path
+        atexit.register(_remove_file, path, os.getpid())
+
+
+def _remove_file(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's slowest tests (``--durations`` in pyproject.toml): JVM starts and stops by
+    kind, how many and how long, so a run that grows shows where."""
+    import time
+    path = os.environ.get(phase_timings.ENV)
+    if not path:
+        return
+    terminalreporter.section("where the time went (tests/phase_timings.py)")
+    for line in phase_timings.summary(path, time.monotonic() - _RUN_STARTED):
+        terminalreporter.write_line(line)

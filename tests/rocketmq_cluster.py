@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from phase_timings import timed
+
 #: The two lines the suite runs against, newest first: the last 4.9.x and the newest 5.3.x whose
 #: server artifacts resolve. (4.9.8's rocketmq-namesrv and rocketmq-broker are not on Maven Central,
 #: only its client and tools; 4.9.7 is the newest 4.9.x with all four.)
@@ -269,18 +271,30 @@ class JavaServer:
         raise NotImplementedError
 
     def start(self, timeout: float = 90.0) -> "JavaServer":
+        self.launch()
+        self.wait_boot(timeout)
+        return self
+
+    def launch(self) -> "JavaServer":
+        """Start the JVM without waiting for it to boot (see :meth:`wait_boot`)."""
         self._prepare_home()
         cmd = self.java_command(self.main_class, self.args())
         out = open(self.stdout_path, "ab")
+        self._launched_at = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.java_env(), cwd=self.workdir, start_new_session=True)
         out.close()
         _running.add(self)
-        self._wait_boot(timeout)
         return self
 
+    def wait_boot(self, timeout: float = 90.0) -> None:
+        """Wait until the launched JVM printed its boot line; it exiting first, or ``timeout`` seconds
+        passing, raises ServerError with its log tails."""
+        with timed(f"RocketMQ {self.name.split()[0]} boot (from launch)", self.version):
+            self._wait_boot(timeout)
+
     def _wait_boot(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = self._launched_at + timeout
         while time.monotonic() < deadline:
             try:
                 text = self.stdout_path.read_text(errors="replace")
@@ -299,13 +313,18 @@ class JavaServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM to the JVM (its shutdown hooks flush the store), then SIGKILL to its group."""
+    def stop(self, timeout: float = 30.0, graceful: bool = True) -> int | None:
+        """SIGTERM to the JVM (its shutdown hooks flush the store), then SIGKILL to its group;
+        ``graceful=False``: SIGKILL at once (a cluster thrown away at the end of a test run)."""
         proc = self.proc
         if proc is None:
             return None
         _running.discard(self)
-        if proc.poll() is None:
+        with timed("RocketMQ server stop", "graceful" if graceful else "SIGKILL"):
+            return self._stop(proc, timeout, graceful)
+
+    def _stop(self, proc: subprocess.Popen, timeout: float, graceful: bool) -> int | None:
+        if graceful and proc.poll() is None:
             try:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout)
@@ -512,20 +531,26 @@ class Cluster:
         return self.namesrv.addr
 
     def start(self) -> "Cluster":
+        """Start the NameServer, then every broker at once (their JVMs boot side by side)."""
         try:
             self.namesrv.start()
             self.started.append(self.namesrv)
-            for name in self._broker_names:
-                self.start_broker(name)
+            brokers = [self._broker(name) for name in self._broker_names]
+            for broker in brokers:
+                broker.launch()
+                self.started.append(broker)
+            for broker in brokers:
+                broker.wait_boot()
+                self.wait_registered(broker.broker_name, broker.addr, timeout=90.0)
         except BaseException:
-            self.stop()
+            self.stop(graceful=False)
             raise
         return self
 
-    def start_broker(self, name: str, *, store: Path | None = None, workdir: Path | None = None,
-                     timeout: float = 90.0, broker_id: int = 0, **kw) -> Broker:
-        """Start (or restart, on the same port and store) broker ``name`` (its slave ``broker_id``
-        when > 0, kept in ``brokers`` as ``<name>-slave<id>``); waits for registration."""
+    def _broker(self, name: str, *, store: Path | None = None, workdir: Path | None = None,
+                broker_id: int = 0, **kw) -> Broker:
+        """Broker ``name`` (slave ``broker_id``) as kept in ``brokers``: the old one when it is
+        restarted on its own port and store, else a new one."""
         key = f"{name}-slave{broker_id}" if broker_id else name
         old = self.brokers.get(key)
         if old is not None and old.alive():
@@ -537,6 +562,13 @@ class Cluster:
                             namesrv=self.namesrv.addr, name=name, cluster=self.cluster_name,
                             store=store, broker_id=broker_id, **{**self.broker_kw, **kw})
         self.brokers[key] = broker
+        return broker
+
+    def start_broker(self, name: str, *, store: Path | None = None, workdir: Path | None = None,
+                     timeout: float = 90.0, broker_id: int = 0, **kw) -> Broker:
+        """Start (or restart, on the same port and store) broker ``name`` (its slave ``broker_id``
+        when > 0, kept in ``brokers`` as ``<name>-slave<id>``); waits for registration."""
+        broker = self._broker(name, store=store, workdir=workdir, broker_id=broker_id, **kw)
         broker.start(timeout)
         if broker not in self.started:
             self.started.append(broker)
@@ -584,8 +616,9 @@ class Cluster:
             (tool.rocketmq_home / "conf" / "tools.yml").write_text(
                 f"accessKey: {access_key}\nsecretKey: {secret_key}\n")
         cmd = tool.java_command(MQADMIN_MAIN, [*args, "-n", self.namesrv_addr])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=tool.java_env(), cwd=tool.workdir)
+        with timed("mqadmin run", args[0] if args else ""):
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env=tool.java_env(), cwd=tool.workdir)
         if proc.returncode != 0:
             raise ServerError(f"mqadmin {' '.join(args)} exited {proc.returncode}:\n"
                               f"{(proc.stdout + proc.stderr)[-3000:]}")
@@ -594,9 +627,11 @@ class Cluster:
     def stop_broker(self, name: str) -> int | None:
         return self.brokers[name].stop()
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
+        """Stop every JVM started, brokers first; ``graceful=False`` SIGKILLs them (a cluster
+        thrown away: nothing of its stores is read afterwards)."""
         for server in reversed(self.started):
-            server.stop()
+            server.stop(graceful=graceful)
 
     def log_tails(self, lines: int = 30) -> str:
         return "\n".join(s.log_tails(lines) for s in [self.namesrv, *self.brokers.values()])

@@ -21,6 +21,8 @@ import json
 import os
 import sys
 import time
+
+import phase_timings
 import traceback
 
 
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rmq_source import RocketMQDataSource
 
+    started = time.monotonic()
     try:
         spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("rmq-fault-cluster")
                  .config("spark.ui.enabled", "false")
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"skip": f"local-cluster master cannot start here: {exc!r}"[:2000]}, f)
         return 0
+    phase_timings.record("Spark session start (helper process)", time.monotonic() - started,
+                         "local-cluster")
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RocketMQDataSource)
     sc = spark.sparkContext

@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+import phase_timings
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from rmq_source import RocketMQDataSource
 
+    started = time.monotonic()
     spark = (SparkSession.builder.master(args.master).appName("rmq-fault-stream")
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2")
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
              # a short-lived driver: the C1 compiler alone starts faster (the crash tests start many)
              .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
              .getOrCreate())
+    phase_timings.record("Spark session start (helper process)", time.monotonic() - started)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RocketMQDataSource)
 
