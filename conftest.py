@@ -116,6 +116,18 @@ def raises_rmq(cls: type, match: str | None = None):
                     f"{info.text[-3000:]}")
 
 
+# -- live backends of their own ---------------------------------------------------------------
+
+_DISTINCT = iter(range(1, 1 << 30))
+
+
+def distinct_timeout(base: float) -> float:
+    """``base`` seconds plus a few microseconds never handed out before in this process: a live
+    backend spec with it is equal to no other test's, so the test gets a backend (routes, pooled
+    connections) of its own. A counter, not a random value: random ones collide."""
+    return base + next(_DISTINCT) / 1e6
+
+
 # -- reference fixtures ------------------------------------------------------------------------
 
 _EXTRACTED: Path | None = None

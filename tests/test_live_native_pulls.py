@@ -3,11 +3,11 @@ client's pulls and as what was sent, for every subscription kind, range and batc
 that ends before the planned end; a connection that breaks halfway, which goes on in Python."""
 from __future__ import annotations
 
-import itertools
 import uuid
 
 import pytest
 
+from conftest import distinct_timeout
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import RemotingClient, native_pull
 from rmq_source.remote import requests as rq
@@ -52,7 +52,6 @@ class _Uses:
         monkeypatch.setattr(native_pull.NativePuller, "next", counted)
 
 
-_BACKEND_IDS = itertools.count(1)
 
 
 def _backend(rocketmq, native: bool):
@@ -60,7 +59,7 @@ def _backend(rocketmq, native: bool):
     # one of 1,000 values collided within a session: a test then got an earlier test's pooled
     # connection, which the backend makes again once when it fails at once; 10.5: apart from the
     # random 10.00x of other modules.)
-    return ClusterBackendSpec((rocketmq.namesrv_addr,), 10.5 + next(_BACKEND_IDS) / 1e6,
+    return ClusterBackendSpec((rocketmq.namesrv_addr,), distinct_timeout(10.5),
                               native_pulls=native).open()
 
 

@@ -8,13 +8,12 @@ slave that is gone sends the pulls back to the master.
 """
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 
 import pytest
 
-from conftest import BROKER_LINES, running_cluster
+from conftest import BROKER_LINES, distinct_timeout, running_cluster
 from rmq_source.errors import RmqRemotingError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import native_pull
@@ -108,13 +107,12 @@ class _Spy:
         return call
 
 
-_BACKEND_IDS = itertools.count(1)
 
 
 def _backend(cluster, in_flight: int, native: bool = True):
     # a timeout of its own: a backend not shared with other tests (it caches routes and pooled
     # connections); a counter, as random values collide within a session
-    return ClusterBackendSpec((cluster.namesrv_addr,), 5.0 + next(_BACKEND_IDS) / 1e6,
+    return ClusterBackendSpec((cluster.namesrv_addr,), distinct_timeout(5.0),
                               pulls_in_flight=in_flight, retries=1, retry_backoff_s=0.1,
                               native_pulls=native).open()
 

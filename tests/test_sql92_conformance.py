@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BROKER_LINES, running_cluster
+from conftest import BROKER_LINES, distinct_timeout, running_cluster
 from rmq_source.errors import RmqBrokerError, RmqOptionError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -100,14 +100,20 @@ def test_the_parser_and_evaluator_agree_with_the_broker(rocketmq, sql_topic):
     with RemotingClient(timeout=30) as client:
         for i, selector in enumerate(SELECTORS):
             pulled[i] = broker_selects(client, broker.addr, topic, len(stored), selector, f"sqlc{run}{i}")
+    ours = [_ours(selector, stored) for selector in SELECTORS]
+    markers = [f"parse error: expr={selector}, topic={topic}, group=sqlc{run}{i}," for i, selector
+               in enumerate(SELECTORS)]
+    # the broker's log is written asynchronously: wait (10 s at most) for the parse errors of the
+    # selectors we refuse, reading the logs once a round rather than once a selector
     deadline = time.monotonic() + 10
+    log = broker_log(broker)
+    while (any(isinstance(ours[i], str) and markers[i] not in log for i in pulled)
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
+        log = broker_log(broker)
     mismatches, trailing_accepted, compared = [], 0, 0
     for i, selector in enumerate(SELECTORS):
-        marker = f"parse error: expr={selector}, topic={topic}, group=sqlc{run}{i},"
-        log = broker_log(broker)
-        while marker not in log and isinstance(_ours(selector, stored), str) and time.monotonic() < deadline:
-            time.sleep(0.2)                   # the broker's log is written asynchronously
-            log = broker_log(broker)
+        marker = markers[i]
         if pulled[i] == "refused":
             theirs = "refused"
         elif marker in log:
@@ -115,7 +121,7 @@ def test_the_parser_and_evaluator_agree_with_the_broker(rocketmq, sql_topic):
             theirs = "refused"
         else:
             theirs = pulled[i]
-        mine = _ours(selector, stored)
+        mine = ours[i]
         if isinstance(mine, str) and theirs == "refused":
             continue
         if isinstance(mine, str) and ("after a complete expression" in mine or "comment must end" in mine):
@@ -143,7 +149,7 @@ def test_store_and_live_tasks_select_what_the_evaluator_selects(rocketmq, sql_to
     topic, stored = sql_topic
     v4 = rocketmq.version.startswith("4.")
     store = StoreBackendSpec((("broker-a", str(rocketmq.brokers["broker-a"].store)),), str(tmp_path))
-    live = ClusterBackendSpec((rocketmq.namesrv_addr,), 10.0 + uuid.uuid4().int % 1000 / 1e6)
+    live = ClusterBackendSpec((rocketmq.namesrv_addr,), distinct_timeout(10.0))
     checked = 0
     for selector in SELECTORS:
         mine = _ours(selector, stored)
@@ -179,7 +185,7 @@ def test_a_broker_without_property_filtering_is_a_clear_error(no_filter_cluster,
         no_filter_cluster.create_topic(client, topic, 1)
         rq.send_batch(client, addr, topic, [{"body": b"x", "properties": {"a": "1"}}])
         rq.wait_max_offset(client, addr, topic, 0, 1)
-    spec = ClusterBackendSpec((no_filter_cluster.namesrv_addr,), 10.0 + uuid.uuid4().int % 1000 / 1e6,
+    spec = ClusterBackendSpec((no_filter_cluster.namesrv_addr,), distinct_timeout(10.0),
                               native_pulls=native)
     with pytest.raises(RmqBrokerError, match="broker broker-a does not filter messages by SQL92 .*"
                                              "enablePropertyFilter=true"):
