@@ -240,6 +240,8 @@ class JavaServer:
         self.heap_mb = heap_mb
         self.direct_mb = direct_mb
         self.proc: subprocess.Popen | None = None
+        self.port_span: tuple[int, ...] | None = None   # set when the port was picked here
+        self.port = 0
 
     @property
     def is_v4(self) -> bool:
@@ -281,26 +283,42 @@ class JavaServer:
         cmd = self.java_command(self.main_class, self.args())
         out = open(self.stdout_path, "ab")
         self._launched_at = time.monotonic()
+        self._log_from = out.tell()          # a restart appends: only what it prints counts
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.java_env(), cwd=self.workdir, start_new_session=True)
         out.close()
         _running.add(self)
         return self
 
-    def wait_boot(self, timeout: float = 90.0) -> None:
+    def wait_boot(self, timeout: float = 90.0, relaunches: int = 3) -> None:
         """Wait until the launched JVM printed its boot line; it exiting first, or ``timeout`` seconds
-        passing, raises ServerError with its log tails."""
+        passing, raises ServerError with its log tails. A port picked here (free when checked) may
+        be taken by another program before the JVM binds it (test runs side by side): then the
+        server is launched again on new ports, ``relaunches`` times at most."""
         with timed(f"RocketMQ {self.name.split()[0]} boot (from launch)", self.version):
-            self._wait_boot(timeout)
+            for attempt in range(relaunches + 1):
+                try:
+                    return self._wait_boot(timeout)
+                except ServerError:
+                    if (attempt == relaunches or self.port_span is None or self.alive()
+                            or "Address already in use" not in self._own_output()):
+                        raise
+                self.port = free_port(self.port_span)
+                self.launch()
+
+    def _own_output(self) -> str:
+        """What the JVM printed since its last launch."""
+        try:
+            with open(self.stdout_path, "rb") as f:
+                f.seek(self._log_from)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _wait_boot(self, timeout: float) -> None:
         deadline = self._launched_at + timeout
         while time.monotonic() < deadline:
-            try:
-                text = self.stdout_path.read_text(errors="replace")
-            except OSError:
-                text = ""
-            if self.boot_line in text:
+            if self.boot_line in self._own_output():
                 return
             if self.proc.poll() is not None:
                 raise ServerError(f"{self.name} (RocketMQ {self.version}) exited with {self.proc.returncode} "
@@ -373,6 +391,8 @@ class NameServer(JavaServer):
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, port: int | None = None, **kw):
         super().__init__(version, jars, workdir, heap_mb=kw.pop("heap_mb", 192), **kw)
+        if port is None:
+            self.port_span = (0,)
         self.port = port or free_port()
 
     @property
@@ -423,6 +443,8 @@ class Broker(JavaServer):
         self.name = f"broker {name}" + (f" (slave {broker_id})" if broker_id else "")
         self.cluster = cluster
         self.namesrv = namesrv
+        if port is None:
+            self.port_span = (-2, 0, 1)       # fast remoting port, listen port, HA port
         self.port = port or free_port((-2, 0, 1))
         self.store = Path(store) if store is not None else self.workdir / "store"
         self.commitlog_size = commitlog_size

@@ -85,3 +85,25 @@ def test_skip_becomes_failure_when_required(tmp_path, require, outcome):
                           timeout=120)
     assert f"2 {outcome}" in proc.stdout, proc.stdout[-2000:]
     assert "Java 17" in proc.stdout and "Maven" in proc.stdout
+
+
+@pytest.mark.broker
+def test_a_port_taken_before_the_jvm_binds_it_is_replaced(rocketmq_jars, tmp_path, monkeypatch):
+    """Suites side by side: a port found free may be taken before the server binds it; the server
+    is launched again on another one instead of failing the test."""
+    import socket
+    version, jars = rocketmq_jars("4.9")
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen(1)
+    real, picks = rc.free_port, [taken.getsockname()[1]]
+    monkeypatch.setattr(rc, "free_port", lambda span=(0,): picks.pop() if picks else real(span))
+    server = rc.NameServer(version, jars, tmp_path / "ns")
+    assert server.port == taken.getsockname()[1]
+    try:
+        server.start()
+        assert server.alive() and server.port != taken.getsockname()[1]
+        assert "Address already in use" in server.stdout_path.read_text(errors="replace")
+    finally:
+        server.stop(graceful=False)
+        taken.close()
