@@ -10,7 +10,10 @@
 * ``logged:N`` — the N-th ``partitions`` call: Spark logged the batch, no task ran yet;
 * ``reading:OFFSET`` — a task read its first rows of a range starting at ``OFFSET`` or later;
 * ``failing:OFFSET`` — such a task raises instead: the query fails (no kill), and the process
-  ends with exit code 1.
+  ends with exit code 1;
+* ``sending:N`` — a task of the rmq sink (``writeStream.format("rmq")``) in a micro-batch after
+  the first (id >= 1) had the broker's answer to N of its messages: dies before it sends more,
+  so exactly N messages of that batch are stored.
 
 The kill takes every process of the query at once, as ``kill -9`` of a driver host would.
 """
@@ -19,15 +22,19 @@ from __future__ import annotations
 import os
 import signal
 
+from pyspark import TaskContext
+
 from rmq_source import RocketMQDataSource
+from rmq_source.sink.producer import TaskProducer
+from rmq_source.spark.sink_writer import BATCH_ID_PROPERTY, RmqSinkStreamWriter
 from rmq_source.spark.stream_reader import RmqStreamReader
 
 
 def _spec() -> tuple[str, int]:
     step, _, n = os.environ["RMQ_CRASH_AT"].partition(":")
-    if step not in ("plan", "next", "logged", "reading", "failing") or not n.isdigit():
+    if step not in ("plan", "next", "logged", "reading", "failing", "sending") or not n.isdigit():
         raise SystemExit(f"RMQ_CRASH_AT={os.environ['RMQ_CRASH_AT']!r}: expected plan|next|logged|"
-                         "reading|failing:N")
+                         "reading|failing|sending:N")
     return step, int(n)
 
 
@@ -84,9 +91,33 @@ class CrashingStreamReader(RmqStreamReader):
         self._calls = {"plan": 0, "next": 0, "logged": 0}
 
 
+class CrashingSinkStreamWriter(RmqSinkStreamWriter):
+    """:class:`RmqSinkStreamWriter` whose tasks die at ``sending:N``."""
+
+    def write(self, iterator):
+        step, n = _spec()
+        if step != "sending" or int(TaskContext.get().getLocalProperty(BATCH_ID_PROPERTY) or 0) < 1:
+            return super().write(iterator)
+        real, stored = TaskProducer._done, [0]
+
+        def counted(producer, lane, batch):   # the broker answered: batch.count messages stored
+            real(producer, lane, batch)
+            stored[0] += batch.count
+            if stored[0] >= n:
+                _die()
+        TaskProducer._done = counted          # this worker process only; it dies with it
+        try:
+            return super().write(iterator)
+        finally:
+            TaskProducer._done = real
+
+
 class CrashingDataSource(RocketMQDataSource):
-    """Registered under the name ``rmq`` in place of the real source by the crash run."""
+    """Registered under the name ``rmq`` in place of the real source (and sink) by the crash run."""
 
     def streamReader(self, schema):
         real = super().streamReader(schema)
         return CrashingStreamReader(real.opts)
+
+    def streamWriter(self, schema, overwrite):
+        return CrashingSinkStreamWriter(super().streamWriter(schema, overwrite).opts)
