@@ -306,6 +306,19 @@ def rocketmq(request, rocketmq_jars, tmp_path_factory):
         yield cluster
 
 
+#: fixtures whose tests get a marker without writing it: real RocketMQ servers are "broker"
+#: (``-m "not broker and not slow"`` is the quick tier of the README), a Spark session "spark"
+_MARKED_BY_FIXTURE = {"rocketmq": "broker", "rocketmq_jars": "broker", "spark": "spark"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            marker = _MARKED_BY_FIXTURE.get(fixture)
+            if marker is not None and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed broker test prints the server log tails (the logs stay in the session's tmp dir)."""
