@@ -241,6 +241,7 @@ class JavaServer:
         self.direct_mb = direct_mb
         self.proc: subprocess.Popen | None = None
         self.port_span: tuple[int, ...] | None = None   # set when the port was picked here
+        self.booted = False                  # a restart keeps its port: it is never moved
         self.port = 0
 
     @property
@@ -294,13 +295,16 @@ class JavaServer:
         """Wait until the launched JVM printed its boot line; it exiting first, or ``timeout`` seconds
         passing, raises ServerError with its log tails. A port picked here (free when checked) may
         be taken by another program before the JVM binds it (test runs side by side): then the
-        server is launched again on new ports, ``relaunches`` times at most."""
+        server is launched again on new ports, ``relaunches`` times at most (at its first start
+        only: a restart keeps its address)."""
         with timed(f"RocketMQ {self.name.split()[0]} boot (from launch)", self.version):
             for attempt in range(relaunches + 1):
                 try:
-                    return self._wait_boot(timeout)
+                    self._wait_boot(timeout)
+                    self.booted = True
+                    return
                 except ServerError:
-                    if (attempt == relaunches or self.port_span is None or self.alive()
+                    if (attempt == relaunches or self.port_span is None or self.booted or self.alive()
                             or "Address already in use" not in self._own_output()):
                         raise
                 self.port = free_port(self.port_span)
