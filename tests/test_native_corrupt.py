@@ -335,6 +335,7 @@ ASAN_RUNS = {
 }
 
 
+@pytest.mark.slow          # two sanitizer builds and a pytest run in each (about a minute)
 @pytest.mark.asan
 @pytest.mark.parametrize("variant", list(ASAN_RUNS))
 def test_corrupt_and_decoder_tables_under_asan(asan_build, variant):
