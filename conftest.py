@@ -230,10 +230,12 @@ def fixture_file(name: str) -> Path:
 def spark():
     """The one local Spark session of the test run (local[2], no UI, small shuffles)."""
     pyspark_sql = require("pyspark.sql", "the Spark tests need pyspark (pip install -e '.[test]')")
+    spark_archive.ensure()
     with phase_timings.timed("Spark session start (test process)"):
         session = (
             pyspark_sql.SparkSession.builder.master("local[2]")
             .appName("rmq_source-tests")
+            .config("spark.driver.extraJavaOptions", spark_archive.java_options())
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.sql.session.timeZone", "UTC")
@@ -253,6 +255,7 @@ def spark():
 sys.path.insert(0, str(REPO / "tests"))
 import phase_timings  # noqa: E402
 import rocketmq_cluster  # noqa: E402
+import spark_archive  # noqa: E402
 
 BROKER_LINES = ("4.9", "5.3")
 

@@ -23,6 +23,7 @@ import sys
 import time
 
 import phase_timings
+import spark_archive
 import traceback
 
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("rmq-fault-cluster")
+                 .config("spark.driver.extraJavaOptions", spark_archive.java_options())
                  .config("spark.ui.enabled", "false")
                  .config("spark.executor.memory", "768m")
                  .config("spark.driver.memory", "1g")

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import spark_archive
+
 HELPERS = Path(__file__).resolve().parent
 REPO = HELPERS.parents[1]
 
@@ -19,6 +21,8 @@ def start(script: str, args: list[str], log_dir: Path, name: str, env: dict | No
           ) -> subprocess.Popen:
     """Run ``fault_helpers/<script>`` with this interpreter in a new session (own process group);
     stdout/stderr go to ``log_dir/<name>.out`` / ``.err``."""
+    if script in ("stream_query.py", "cluster_query.py"):
+        spark_archive.ensure()            # their Spark drivers start from the run's CDS archive
     full_env = dict(os.environ)
     full_env["PYSPARK_PYTHON"] = sys.executable
     full_env["PYSPARK_DRIVER_PYTHON"] = sys.executable
