@@ -650,8 +650,11 @@ class Cluster:
                               f"{(proc.stdout + proc.stderr)[-3000:]}")
         return proc.stdout
 
-    def stop_broker(self, name: str) -> int | None:
-        return self.brokers[name].stop()
+    def stop_broker(self, name: str, graceful: bool = True) -> int | None:
+        """Stop broker ``name``: SIGTERM (its store flushed and closed, it unregisters from the
+        NameServer), or with ``graceful=False`` SIGKILL (the NameServer drops it when its
+        connection closes)."""
+        return self.brokers[name].stop(graceful=graceful)
 
     def stop(self, graceful: bool = True) -> None:
         """Stop every JVM started, brokers first; ``graceful=False`` SIGKILLs them (a cluster

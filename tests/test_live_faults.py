@@ -201,7 +201,7 @@ def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_clus
         finally:
             q.stop()
     finally:
-        own_cluster.stop_broker("broker-b")
+        own_cluster.stop_broker("broker-b", graceful=False)   # a throwaway broker
 
 
 def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark, own_cluster, tmp_path):
@@ -227,7 +227,7 @@ def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark,
         finally:
             q.stop()
     finally:
-        own_cluster.stop_broker("broker-b")
+        own_cluster.stop_broker("broker-b", graceful=False)   # a throwaway broker
 
 
 def _routed(cluster, topic: str, queues: dict[str, int]) -> None:
@@ -279,4 +279,4 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
     finally:
         q.stop()
         if b_started:
-            own_cluster.stop_broker("broker-b")
+            own_cluster.stop_broker("broker-b", graceful=False)   # a throwaway broker
