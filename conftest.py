@@ -334,7 +334,6 @@ def pytest_runtest_makereport(item, call):
                                     + cluster.log_tails()))
 
 
-
 # ----------------------------------------------------------------------------- where the time goes
 _RUN_STARTED = 0.0
 

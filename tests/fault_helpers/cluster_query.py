@@ -21,10 +21,10 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import phase_timings
 import spark_archive
-import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
