@@ -153,6 +153,11 @@ class Backend(abc.ABC):
         the others). A store always answers; a live cluster's broker may be away."""
         return self.infos(mqs), {}
 
+    def away_for(self, broker_name: str) -> float | None:
+        """Seconds since ``broker_name`` stopped answering (None: it answers). A store always
+        answers."""
+        return None
+
     @abc.abstractmethod
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """The first offset whose message was stored at or after ``timestamp_ms`` (the max offset
@@ -207,8 +212,10 @@ class Backend(abc.ABC):
         """(live member client ids, {"topic/broker/queueId": holder} of unexpired queue locks)."""
 
     @abc.abstractmethod
-    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
-        """Raise RmqLockError unless ``lock.client_id`` holds every queue of ``mqs``. Reads only."""
+    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
+        """The queues of ``mqs`` a task of ``lock.client_id`` may read now. A store's lock table
+        raises RmqLockError for any lock not held (or held past its client lease); a live broker
+        that refuses a lock (another member holds the queue) leaves that queue out."""
 
 
 def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:

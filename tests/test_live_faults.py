@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import uuid
 
 import pytest
 
 from conftest import BROKER_LINES, raises_rmq, running_cluster
-from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingTimeoutError
+from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
 
@@ -205,13 +206,13 @@ def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_clus
 
 
 def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark, own_cluster, tmp_path):
-    """failOnDataLoss=true (the default): the query fails after the retries, naming the broker,
-    its queues and the option."""
+    """failOnDataLoss=true (the default): the query fails once the broker has been away
+    brokerOutageTimeoutMs, naming the broker, its queues and the options."""
     _second_broker(own_cluster, tmp_path)
     try:
         topic = _topic(own_cluster, ("broker-a", "broker-b"))
         sent = _send(own_cluster, topic, 2, "one") | _send(own_cluster, topic, 2, "one", "broker-b")
-        q, sink = _stream(spark, own_cluster, topic, tmp_path)
+        q, sink = _stream(spark, own_cluster, topic, tmp_path, brokerOutageTimeoutMs="4000")
         try:
             _wait_for(q, "the first messages never reached the sink",
                       lambda: set(_sink_rows(spark, sink)) == sent)
@@ -222,7 +223,8 @@ def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark,
                 time.sleep(0.5)
             text = str(q.exception())
             for part in ("RmqBrokerUnavailableError", "broker broker-b does not answer",
-                         f"topic={topic}, brokerName=broker-b", "failOnDataLoss=false"):
+                         f"topic={topic}, brokerName=broker-b", "longer than brokerOutageTimeoutMs (4000)",
+                         "failOnDataLoss=false"):
                 assert part in text, text[-2000:]
         finally:
             q.stop()
@@ -280,3 +282,163 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
         q.stop()
         if b_started:
             own_cluster.stop_broker("broker-b", graceful=False)   # a throwaway broker
+
+
+class _Producer(threading.Thread):
+    """Sends numbered messages to the queues of both brokers until stopped, going round the
+    brokers that answer (as a producer does: a send that fails goes to the other broker). A send
+    whose answer never came may still be stored: its body is kept in ``unsure`` and never sent
+    again, so each body names one message. Every 25 messages also writes a file of rows for the
+    sink stream's source."""
+
+    def __init__(self, cluster, topic: str, rows_dir):
+        super().__init__(daemon=True)
+        self.cluster, self.topic, self.rows_dir = cluster, topic, rows_dir
+        self.sent: set[bytes] = set()
+        self.unsure: set[bytes] = set()
+        self.rows: set[str] = set()
+        self.per_broker = {"broker-a": 0, "broker-b": 0}
+        self.halt = threading.Event()
+        self.mutex = threading.Lock()
+
+    def snapshot(self) -> set[bytes]:
+        with self.mutex:
+            return set(self.sent)
+
+    def run(self) -> None:
+        n = 0
+        pending: list[str] = []
+        with RemotingClient(timeout=3) as client:
+            while not self.halt.is_set():
+                broker = ("broker-a", "broker-b")[n % 2]
+                for name in (broker, "broker-b" if broker == "broker-a" else "broker-a"):
+                    body = f"m{n}-{name}".encode()
+                    n += 1
+                    try:
+                        rq.send_message(client, self.cluster.brokers[name].addr, self.topic, body,
+                                        queue_id=n % QUEUES, tags="t")
+                    except RmqRemotingError:
+                        with self.mutex:
+                            self.unsure.add(body)
+                        continue
+                    with self.mutex:
+                        self.sent.add(body)
+                        self.per_broker[name] += 1
+                    break
+                else:
+                    time.sleep(0.2)           # neither broker answers
+                pending.append(f"row{n}")
+                if len(pending) == 25:
+                    path = self.rows_dir / f"rows-{n}.json"
+                    tmp = self.rows_dir / f".rows-{n}.tmp"
+                    tmp.write_text("".join(f'{{"body": "{r}"}}\n' for r in pending))
+                    tmp.rename(path)
+                    self.rows.update(pending)
+                    pending = []
+                time.sleep(0.01)
+
+
+def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_cluster, tmp_path):
+    """With default options, a producer sending throughout: broker-b SIGKILLed and down for 30 s,
+    then restarted; then a rolling restart of both brokers. An ordered group query, an unordered
+    one, a query without a group and a sink stream all go on: every message exactly once in each
+    read sink, every row of the sink stream in its topic, both groups' offsets at the queues' ends
+    on both brokers."""
+    _second_broker(own_cluster, tmp_path)
+    try:
+        topic = _topic(own_cluster, ("broker-a", "broker-b"))
+        sink_topic = _topic(own_cluster, ("broker-a", "broker-b"))
+        rows_dir = tmp_path / "rows"
+        rows_dir.mkdir()
+        producer = _Producer(own_cluster, topic, rows_dir)
+        producer.start()
+        groups = {"ordered": f"Ordered_{uuid.uuid4().hex[:6]}", "unordered": f"Unordered_{uuid.uuid4().hex[:6]}"}
+        reads = {}
+        for kind, options in (("ordered", {"consumerGroup": groups["ordered"]}),
+                              ("unordered", {"consumerGroup": groups["unordered"], "orderly": "false"}),
+                              ("no group", {})):
+            name = kind.replace(" ", "-")
+            if options:
+                options["groupStatePath"] = str(tmp_path / f"state-{name}")
+            sink = tmp_path / f"sink-{name}"
+            reads[kind] = (spark.readStream.format("rmq")
+                           .options(namesrvAddr=own_cluster.namesrv_addr, topic=topic,
+                                    startingOffsets="earliest", **options)
+                           .load().select("body").writeStream.format("parquet").option("path", str(sink))
+                           .option("checkpointLocation", str(tmp_path / f"chk-{name}"))
+                           .trigger(processingTime="1 second").start()), sink
+        sink_stream = (spark.readStream.schema("body string").json(str(rows_dir))
+                       .writeStream.format("rmq").option("namesrvAddr", own_cluster.namesrv_addr)
+                       .option("topic", sink_topic).option("checkpointLocation", str(tmp_path / "chk-sink"))
+                       .trigger(processingTime="1 second").start())
+        queries = [q for q, _ in reads.values()] + [sink_stream]
+
+        def all_alive() -> None:
+            for q in queries:
+                assert q.exception() is None, q.exception()
+
+        def read_past(bodies: set[bytes], what: str, timeout: float = 240) -> None:
+            """Wait until every read sink holds ``bodies``."""
+            for kind, (q, sink) in reads.items():
+                _wait_for(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(_sink_rows(spark, sink)))[1],
+                          timeout)
+
+        try:
+            read_past(_wait_sent(producer, 200), "the first messages never arrived")
+            killed_at = time.monotonic()
+            own_cluster.brokers["broker-b"].kill()                     # SIGKILL
+            # a batch planned before the kill waits for broker-b (its offsets are logged); the
+            # batches after it leave broker-b out
+            during = _wait_sent(producer, producer.per_broker["broker-a"] + 200, "broker-a")
+            while time.monotonic() - killed_at < 30:                   # an outage of 30 s at least
+                all_alive()
+                time.sleep(0.5)
+            own_cluster.start_broker("broker-b")                       # same port and store
+            read_past(during, "broker-a's messages sent while broker-b was away never arrived")
+            read_past(_wait_sent(producer, producer.per_broker["broker-b"] + 100, "broker-b"),
+                      "broker-b's queues did not go on after its restart")
+            for name in ("broker-a", "broker-b"):                      # a rolling restart
+                own_cluster.stop_broker(name)
+                own_cluster.start_broker(name)
+                read_past(_wait_sent(producer, producer.per_broker[name] + 100, name),
+                          f"{name}'s queues did not go on after its rolling restart")
+            producer.halt.set()
+            producer.join(30)
+            sent, unsure = set(producer.sent), set(producer.unsure)
+            read_past(sent, "not every message sent reached the sink")
+            for kind, (q, sink) in reads.items():
+                rows = _sink_rows(spark, sink)
+                assert len(rows) == len(set(rows)), f"{kind}: a message reached the sink twice"
+                assert set(rows) - sent <= unsure, f"{kind}: rows nobody sent"
+            _wait_for(sink_stream, "the sink stream did not deliver every row",
+                      lambda: producer.rows <= _topic_bodies(spark, own_cluster, sink_topic), 240)
+            with RemotingClient(timeout=15) as client:
+                ends = {(b, i): rq.max_offset(client, own_cluster.brokers[b].addr, topic, i)
+                        for b in ("broker-a", "broker-b") for i in range(QUEUES)}
+                for kind, group in groups.items():
+                    deadline = time.monotonic() + 60
+                    while {(b, i): rq.query_consumer_offset(client, own_cluster.brokers[b].addr, group,
+                                                            topic, i) for b, i in ends} != ends:
+                        all_alive()
+                        assert time.monotonic() < deadline, f"{kind}: the group's offsets never reached the ends"
+                        time.sleep(0.5)
+        finally:
+            producer.halt.set()
+            for q in queries:
+                q.stop()
+    finally:
+        own_cluster.stop_broker("broker-b", graceful=False)   # a throwaway broker
+
+
+def _wait_sent(producer: _Producer, count: int, broker: str | None = None, timeout: float = 120) -> set[bytes]:
+    """The producer's acknowledged messages once ``broker`` (or both) took ``count`` in all."""
+    deadline = time.monotonic() + timeout
+    while (producer.per_broker[broker] if broker else sum(producer.per_broker.values())) < count:
+        assert producer.is_alive() and time.monotonic() < deadline, f"{broker or 'the brokers'} took no {count} messages"
+        time.sleep(0.2)
+    return producer.snapshot()
+
+
+def _topic_bodies(spark, cluster, topic: str) -> set[str]:
+    df = spark.read.format("rmq").options(namesrvAddr=cluster.namesrv_addr, topic=topic).load()
+    return {bytes(r.body).decode() for r in df.select("body").collect()}

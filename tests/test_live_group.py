@@ -205,3 +205,40 @@ def test_java_consumer_and_query_resume_each_other(spark, rocketmq, tmp_path):
 
     third = send(3)
     assert _run(spark, rocketmq, name, group, tmp_path) == third
+
+
+def test_a_queue_another_client_took_is_left_out_not_failed(rocketmq, topic, tmp_path, caplog):
+    """Ordered mode, a lock lost on the broker (as across a broker restart) and taken by another
+    client: the task's check leaves that queue out instead of failing, saying why, and the driver
+    drops it from its plan, so the batch's end is not committed for it."""
+    import logging
+
+    from rmq_source.backend import TaskLock
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.spark.options import parse_options
+    from rmq_source.spark.query import open_backend, open_group_store, strategy_of
+    group = f"LiveTaken_{uuid.uuid4().hex[:6]}"
+    opts = parse_options({"namesrvAddr": rocketmq.namesrv_addr, "topic": topic, "consumerGroup": group,
+                          "clientId": SPARK_ID, "groupStatePath": str(tmp_path / "state")}, streaming=True)
+    backend = open_backend(opts)
+    session = backend.group_session(opts, strategy_of(opts), open_group_store(opts, backend))
+    session.start()
+    try:
+        mqs = backend.queues_for_topics([topic])
+        read, _ = session.choose(mqs, {mq: 0 for mq in mqs}, fresh=True)
+        assert read == set(mqs)                          # the group's only member
+        taken = MessageQueue(topic, "broker-a", 1)
+        addr = rocketmq.brokers["broker-a"].addr
+        with RemotingClient(timeout=15) as other:
+            rq.unlock_batch(other, addr, group, SPARK_ID, [(topic, "broker-a", 1)])
+            assert rq.lock_batch(other, addr, group, "zz-taker", [(topic, "broker-a", 1)])
+            with caplog.at_level(logging.WARNING):
+                readable = backend.check_task_locks(
+                    TaskLock(group, SPARK_ID, opts.client_lock_lease_ms), mqs)
+            assert readable == set(mqs) - {taken}
+            assert "another member holds it" in caplog.text and f"{topic}|broker-a|1" in caplog.text
+            assert session.held() == set(mqs) - {taken}
+            assert taken not in session.own_progress
+            rq.unlock_batch(other, addr, group, "zz-taker", [(topic, "broker-a", 1)])
+    finally:
+        session.stop()

@@ -154,11 +154,31 @@ class GroupSession:
         if self._renewer is None:
             def on_result(requested, granted, started):
                 self.view.record(requested, granted, started)
+                away = getattr(self.locks, "away_brokers", None)
+                if away is not None:
+                    self._drop_refused({mq for mq in requested
+                                        if mq not in granted and mq.broker_name not in away})
                 self._tick_membership()
             self._renewer = LockRenewer(self.locks, self.client_id, self._held_now,
                                         self.opts.lock_renew_interval_ms, acquire=False,
                                         on_result=on_result)
             self._renewer.start()
+
+    def _drop_refused(self, refused: set[MessageQueue]) -> None:
+        """Queues of the planned batch whose broker answered that another client holds them
+        (brokers only: it took them while this query's lock was lost, e.g. across a broker
+        restart). They are this query's no longer: their tasks leave them out, the next planning
+        does not commit them and follows the group's progress there (another member's reading)
+        instead of this query's own offsets."""
+        with self._mutex:
+            lost = self._held & refused
+            self._held -= lost
+        for mq in sorted(lost):
+            self.own_progress.pop(mq, None)
+        if lost:
+            log.warning("consumer group %r: another member holds %s now (its broker refused this "
+                        "client's lock); this query leaves them, as in a rebalance", self.group,
+                        ", ".join(queue_key(mq) for mq in sorted(lost)))
 
     def stop(self) -> None:
         """Clean stop: release the queues and leave the group."""
@@ -186,6 +206,12 @@ class GroupSession:
         """
         if self._stopped:
             self.start()
+        if not mqs:   # no broker of the topics answers now: nothing to allocate or lock
+            with self._mutex:
+                self._held = set()
+                self._fresh_process = False
+            self.allocated = set()
+            return set(), {}
         self.membership.subscribe(mq.topic for mq in mqs)
         cid_all = self.membership.heartbeat()
         if self.client_id not in cid_all:  # our heartbeat was just written; be defensive
@@ -435,5 +461,8 @@ class GroupSession:
                 return None
             held = set(self._held)
         if self.orderly and held:
-            held = self.locks.held_by(held, self.client_id)
+            still = self.locks.held_by(held, self.client_id)
+            if getattr(self.locks, "away_brokers", None) is not None:   # (brokers' locks)
+                self._drop_refused(held - still)
+            held = still
         return held

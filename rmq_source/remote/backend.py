@@ -98,6 +98,10 @@ class ClusterBackendSpec(BackendSpec):
     #: times, the route asked again and the wait doubling from ``retry_backoff_s`` (capped)
     retries: int = 5
     retry_backoff_s: float = 0.5
+    #: how long a broker may stay away (unreachable, or without a master in the NameServers'
+    #: view) before a task's pulls and lock checks give up on it, counted from the first failed
+    #: try; the driver's planning waits for it as long (see the stream reader)
+    outage_s: float = 180.0
     credentials: Credentials | None = None
     #: the consumer group pulls name (the query's consumerGroup when it has one): brokers with ACL
     #: check the account's permission on it, brokers without auto-created groups need it to exist
@@ -126,6 +130,7 @@ class ClusterBackend(Backend):
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
         self._down: set[str] = set()   # brokers whose last call failed after every retry
+        self._down_since: dict[str, float] = {}   # broker -> first failure of its absence
         self._nodes: dict[str, dict[int, str]] = {}   # brokerName -> broker id -> address
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
@@ -298,12 +303,15 @@ class ClusterBackend(Backend):
 
         A broker whose last call failed after every try is tried once, without waiting, until it
         answers again: planning while a broker is away does not wait the whole backoff in every
-        batch. ``ride_out`` (pulls of planned messages) always uses every retry."""
+        batch (:meth:`away_for` says since when). ``ride_out`` (what a task must read or check
+        before it may go on: pulls of planned messages, its queue locks) goes on trying, every
+        8 s at most, until the broker has been away ``spec.outage_s`` (a broker restart)."""
         known_down = not ride_out and broker_name in self._down
         retries = 0 if known_down else self.spec.retries
         delay = self.spec.retry_backoff_s
         started = time.monotonic()
-        for attempt in range(retries + 1):
+        attempt = 0
+        while True:
             try:
                 result = fn(self.broker_addr(broker_name))
             except _UNREACHABLE as exc:
@@ -314,23 +322,40 @@ class ClusterBackend(Backend):
                 last = exc
             else:
                 self._down.discard(broker_name)
+                self._down_since.pop(broker_name, None)
                 return result
             self._forget(broker_name)
-            if attempt == retries:
+            self._down_since.setdefault(broker_name, started)
+            waited = time.monotonic() - started
+            if attempt >= retries and not (ride_out and waited + delay <= self.spec.outage_s):
                 break
-            log.warning("broker %s: %s; trying again in %.1f s (%d of %d)", broker_name, last, delay,
-                        attempt + 1, retries)
+            attempt += 1
+            if attempt <= retries:
+                log.warning("broker %s: %s; trying again in %.1f s (%d of %d)", broker_name, last,
+                            delay, attempt, retries)
+            else:
+                log.warning("broker %s away for %.0f s (%s); this task waits for it up to "
+                            "brokerOutageTimeoutMs (%.0f s), trying again in %.1f s", broker_name,
+                            waited, str(last).split("; request:")[0], self.spec.outage_s, delay)
             time.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
         self._down.add(broker_name)
         took = time.monotonic() - started
         if isinstance(last, (RmqRemotingConnectionError, RmqRemotingTimeoutError)):
             tries = ("1 try (it did not answer the previous call's tries either)" if known_down
-                     else f"{retries + 1} tries in {took:.1f} s")
-            raise type(last)(f"broker {broker_name}: gave up after {tries} (options requestRetries, "
-                             f"retryBackoffMs): {str(last).split('; request:')[0]}", peer=last.peer,
+                     else f"{attempt + 1} tries in {took:.1f} s")
+            options = ("options requestRetries, retryBackoffMs, brokerOutageTimeoutMs" if ride_out
+                       else "options requestRetries, retryBackoffMs")
+            raise type(last)(f"broker {broker_name}: gave up after {tries} ({options}): "
+                             f"{str(last).split('; request:')[0]}", peer=last.peer,
                              request=last.request) from last
         raise last
+
+    def away_for(self, broker_name: str) -> float | None:
+        """Seconds since a call to ``broker_name`` first failed in its current absence (None:
+        its last call was answered)."""
+        since = self._down_since.get(broker_name)
+        return None if since is None else time.monotonic() - since
 
     # -- messages ------------------------------------------------------------------------------
     def _slave_addr(self, mq: MessageQueue) -> str | None:
@@ -694,8 +719,9 @@ class ClusterBackend(Backend):
         info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
         return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
 
-    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
-        """The broker must still grant the driver's client id every queue of the task."""
+    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
+        """The queues whose broker grants the driver's client id their lock (a restarted broker
+        grants it again); see :meth:`BrokerLockManager.task_readable`."""
         from rmq_source.remote.locks import BrokerLockManager
-        BrokerLockManager(self, lock.group, lease_ms=lock.client_lease_ms + 1).assert_held_batch(
+        return BrokerLockManager(self, lock.group, lease_ms=lock.client_lease_ms + 1).task_readable(
             list(mqs), lock.client_id)

@@ -10,6 +10,10 @@ one who holds a queue: a refused queue is someone else's.
 that :class:`~rmq_source.group.locks.ClientLockView`, :class:`~rmq_source.group.locks.LockRenewer`
 and :class:`~rmq_source.group.session.GroupSession` use, so ordered consumption keeps RocketMQ's
 three locks with the broker's as the first.
+
+A broker that does not answer (down, restarting) refuses nothing: its queues are away, not
+another member's. A restarted broker has an empty lock table, so the next renewal takes the
+queues again, as RocketMQ's orderly consumers re-lock at their next rebalance.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import logging
 import time
 from typing import Any, Iterable
 
-from rmq_source.errors import RmqAuthError, RmqLockError, RmqRemotingError
+from rmq_source.errors import RmqAuthError, RmqBrokerUnavailableError, RmqRemotingError
 from rmq_source.group.locks import _keyed, _queue_fields, queue_key
 from rmq_source.remote import requests as rq
 
@@ -37,6 +41,8 @@ class BrokerLockManager:
         self.group = group
         self.lease_ms = lease_ms
         self._clock = time.time
+        #: brokers whose last lock request got no answer: their queues are away, not refused
+        self.away_brokers: set[str] = set()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -50,22 +56,25 @@ class BrokerLockManager:
             out.setdefault(fields[1], []).append((fields, mq))
         return out
 
-    def _lock(self, mqs: Iterable[Any], client_id: str) -> tuple[set, set]:
+    def _lock(self, mqs: Iterable[Any], client_id: str, *, ride_out: bool = False) -> tuple[set, set]:
         """Lock or renew ``mqs`` for ``client_id``, one request per broker: (the inputs granted,
-        the inputs of brokers that did not answer after the backend's retries)."""
+        the inputs of brokers that did not answer after the backend's retries; with
+        ``ride_out`` after ``brokerOutageTimeoutMs`` of their absence)."""
         granted, away = set(), set()
         for broker, pairs in sorted(self._by_broker(mqs).items()):
             fields = [f for f, _ in pairs]
             try:
                 got = self.backend._call(broker, lambda addr: rq.lock_batch(
-                    self.backend.client, addr, self.group, client_id, fields))
+                    self.backend.client, addr, self.group, client_id, fields), ride_out=ride_out)
             except RmqAuthError:
                 raise
             except RmqRemotingError as exc:
                 log.warning("consumer group %r: lock of %d queue(s) on broker %s: %s", self.group,
                             len(pairs), broker, exc)
+                self.away_brokers.add(broker)
                 away.update(mq for _, mq in pairs)
                 continue
+            self.away_brokers.discard(broker)
             granted.update(mq for f, mq in pairs if f in got)
         return granted, away
 
@@ -110,15 +119,29 @@ class BrokerLockManager:
         granted, away = self._lock(mqs, client_id)
         return granted | away
 
-    def assert_held_batch(self, mqs: Iterable[Any], client_id: str, client_lease_ms: int = 0) -> None:
-        """Raise RmqLockError unless ``client_id`` holds every queue of ``mqs`` on its broker (a
-        task's check before it reads; renewing the driver's locks is what the driver does anyway)."""
+    def task_readable(self, mqs: Iterable[Any], client_id: str) -> set:
+        """A task's check before it reads: the queues of ``mqs`` whose broker grants ``client_id``
+        their lock (renewing the driver's locks is what the driver does anyway).
+
+        A broker that does not answer is waited for (``brokerOutageTimeoutMs`` of its absence,
+        then RmqBrokerUnavailableError: the batch's offsets are logged, its queues cannot be
+        left out); once back it grants the locks again. A queue the broker refuses is held by
+        another client: the task leaves it out, as in a rebalance (that member reads it from the
+        group's progress, and the driver does not commit it for this batch, see
+        :meth:`GroupSession.held`)."""
         mqs = list(mqs)
-        granted = self.try_lock_batch(mqs, client_id)
-        missing = [queue_key(mq) for mq in mqs if mq not in granted]
-        if missing:
-            raise RmqLockError(
-                f"consumer group {self.group!r}: client {client_id!r} no longer holds the broker "
-                f"lock of {', '.join(missing)}; another member took the queue (the query's lease "
-                "ran out), so this task must not read it")
+        granted, away = self._lock(mqs, client_id, ride_out=True)
+        if away:
+            queues = ", ".join(sorted(queue_key(mq) for mq in away))
+            raise RmqBrokerUnavailableError(
+                f"consumer group {self.group!r}: the broker of {queues} did not answer for "
+                "brokerOutageTimeoutMs, so this task cannot lock the queues it must read (the "
+                "batch's offsets are logged: it is read once the broker is back)")
+        refused = [queue_key(mq) for mq in mqs if mq not in granted]
+        if refused:
+            log.warning("consumer group %r: the broker grants client %r no lock of %s: another "
+                        "member holds it (it took the queue while this query's lock was lost, e.g. "
+                        "across a broker restart); this task leaves it to that member, which reads "
+                        "it from the group's progress", self.group, client_id, ", ".join(refused))
+        return granted
 

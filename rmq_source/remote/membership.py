@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Iterable
 
-from rmq_source.errors import RmqAuthError, RmqRemotingError
+from rmq_source.errors import RmqAuthError, RmqRemotingConnectionError, RmqRemotingError
 from rmq_source.group.membership import java_sorted
 from rmq_source.remote import requests as rq
 from rmq_source.remote.client import RemotingClient
@@ -81,8 +81,9 @@ class BrokerMembership:
             except RmqRemotingError as exc:
                 errors.append(f"{name}: {exc}")
         if errors and not answered:
-            raise RmqRemotingError(f"consumer group {self.group!r}: no broker took the heartbeat of "
-                                   f"{self.client_id!r}: " + "; ".join(errors))
+            raise RmqRemotingConnectionError(
+                f"consumer group {self.group!r}: no broker took the heartbeat of "
+                f"{self.client_id!r}: " + "; ".join(errors))
         if errors:
             log.warning("consumer group %r: heartbeat of %r missed brokers: %s", self.group,
                         self.client_id, "; ".join(errors))

@@ -34,8 +34,11 @@ SINK_OPTION_DOCS: dict[str, tuple[str, str]] = {
                             "its rows have no shardingKey/queueId, else on the same queue once its "
                             "broker is back. 0: never."),
     "retryBackoffMs": ("500", "The wait before the first retry of a queue's send, doubled for each "
-                              "next one up to 8 s (the defaults ride out about 15 s of a broker "
-                              "restart for ordered rows)."),
+                              "next one up to 8 s (the retries span about 15 s)."),
+    "brokerOutageTimeoutMs": ("180000", "How long a send goes on being tried while its broker is "
+                                        "away (unreachable, restarting, without a master) once "
+                                        "requestRetries are used up: rows pinned to a queue wait "
+                                        "for its broker's restart. 0: give up after the retries."),
     "batchMessages": ("128", "At most this many messages in one SEND_BATCH_MESSAGE request."),
     "batchBytes": ("1048576", "At most this many encoded bytes in one batch request (a single "
                               "larger message goes alone). At most maxMessageBytes."),
@@ -65,6 +68,7 @@ class SinkOptions:
     request_timeout_ms: int = 10_000
     retries: int = 5
     retry_backoff_ms: int = 500
+    broker_outage_ms: int = 180_000
     batch_messages: int = 128
     batch_bytes: int = 1 << 20
     max_in_flight: int = 8
@@ -105,6 +109,7 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         request_timeout_ms=number("requestTimeoutMs", 10_000, 1, 3_600_000),
         retries=number("requestRetries", 5, 0, 1000),
         retry_backoff_ms=number("retryBackoffMs", 500, 0, 600_000),
+        broker_outage_ms=number("brokerOutageTimeoutMs", 180_000, 0, 86_400_000),
         batch_messages=number("batchMessages", 128, 1, 1 << 20),
         batch_bytes=batch_bytes,
         max_in_flight=number("maxInFlight", 8, 1, 1024),

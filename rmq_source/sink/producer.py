@@ -11,10 +11,11 @@ Contract:
   to another queue, on another broker when there is one; a pinned one waits (doubling backoff)
   and goes to its queue again.
 * A batch counts as sent when its broker answered SEND_OK (or, with ``requireStoreOk=false``,
-  a flush/slave status). After ``requestRetries`` failed tries of one batch, or an answer that a
-  retry cannot change (message illegal, ACL refusal), :class:`RmqSendError` names the rows, the
-  queue and what to do. Messages are sent at least once; a retried batch carries the same
-  ``UNIQ_KEY`` values.
+  a flush/slave status). After ``requestRetries`` failed tries of one batch (and, when its broker
+  did not answer, once it has been away ``brokerOutageTimeoutMs``: a broker restart is waited
+  for), or an answer that a retry cannot change (message illegal, ACL refusal),
+  :class:`RmqSendError` names the rows, the queue and what to do. Messages are sent at least
+  once; a retried batch carries the same ``UNIQ_KEY`` values.
 * Delayed messages (``delayTimeLevel``) go alone (SEND_MESSAGE): brokers refuse delay in batches.
 """
 from __future__ import annotations
@@ -89,6 +90,8 @@ class _Batch:
     encoded: bytes | None = None
     single: bool = False
     attempts: int = 0
+    #: when its broker first failed to answer it (monotonic s; None: it answered, or never failed)
+    away_since: float | None = None
 
     @classmethod
     def of(cls, messages: list[Outgoing], nbytes: int, *, single: bool = False) -> "_Batch":
@@ -375,16 +378,28 @@ class TaskProducer:
         batch.attempts += 1
         self.stats.retries += 1
         broker = lane.queue.broker
-        if batch.attempts > self.opts.retries:
+        now = time.monotonic()
+        if code is None:        # no answer: the broker is away (down, restarting, no master)
+            batch.away_since = batch.away_since or now
+        else:
+            batch.away_since = None
+        waiting = (batch.away_since is not None
+                   and now - batch.away_since < self.opts.broker_outage_ms / 1000)
+        if batch.attempts > self.opts.retries and not waiting:
             what = (f"the broker stored them but did not confirm ({reason}); set requireStoreOk=false "
                     "to accept that, or fix the broker's flush/slave setup" if code in STORE_STATUS
                     else f"{reason}; check that broker {broker} runs and is reachable, or raise "
-                         "requestRetries/retryBackoffMs")
+                         "requestRetries/retryBackoffMs/brokerOutageTimeoutMs")
             raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: gave up "
                                f"after {batch.attempts} tries: {what}", code=code, broker=broker)
         delay = min(self.opts.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1), MAX_BACKOFF_S)
-        log.warning("partition %d, %s to %s: %s; trying again (%d of %d)", self.partition, batch.rows(),
-                    lane.where(), reason, batch.attempts, self.opts.retries)
+        if batch.attempts > self.opts.retries:
+            log.warning("partition %d, %s to %s: %s; broker %s away for %.0f s, tried again until "
+                        "brokerOutageTimeoutMs (%d ms)", self.partition, batch.rows(), lane.where(),
+                        reason, broker, now - batch.away_since, self.opts.broker_outage_ms)
+        else:
+            log.warning("partition %d, %s to %s: %s; trying again (%d of %d)", self.partition,
+                        batch.rows(), lane.where(), reason, batch.attempts, self.opts.retries)
         try:
             self._topic(lane.topic, refresh=True)
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:

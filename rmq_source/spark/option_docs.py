@@ -26,8 +26,13 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                             "broker is unreachable, times out or is busy (a restarting broker), "
                             "the route asked again each time; 0: never."),
     "retryBackoffMs": ("500", "With namesrvAddr: the wait before the first retry, doubled for each "
-                              "next one up to 8 s (the defaults ride out about 15 s of a broker "
-                              "down)."),
+                              "next one up to 8 s (the retries span about 15 s)."),
+    "brokerOutageTimeoutMs": ("180000", "With namesrvAddr: how long a broker may be away "
+                                        "(unreachable, restarting, without a master) before it "
+                                        "counts as lost: until then a streaming query plans "
+                                        "without its queues and keeps their commits, and tasks "
+                                        "reading it wait for it; after that failOnDataLoss "
+                                        "decides. 0: lost after the request retries."),
     "accessKey": ("none", "With namesrvAddr: the ACL account's access key; every request is signed "
                           "with it and secretKey (RocketMQ's AclClientRPCHook). Give both or neither."),
     "secretKey": ("none", "With namesrvAddr: the ACL account's secret key (never shown in logs, "

@@ -120,6 +120,7 @@ class SourceOptions:
     request_timeout_ms: int = 10_000
     request_retries: int = 5
     retry_backoff_ms: int = 500
+    broker_outage_ms: int = 180_000                    # see option brokerOutageTimeoutMs
     credentials: Credentials | None = None             # ACL (its repr hides the secret key)
     group_state_path: str | None = None                # live mode, streaming with consumerGroup
 
@@ -175,7 +176,8 @@ def normalise_options(options: Mapping[str, str], docs: Mapping[str, Any] = OPTI
 def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
     """The NameServers of a live cluster, or None for the store mode."""
     if "namesrvAddr" not in opts:
-        for name in ("requestTimeoutMs", "requestRetries", "retryBackoffMs", "accessKey", "secretKey"):
+        for name in ("requestTimeoutMs", "requestRetries", "retryBackoffMs", "brokerOutageTimeoutMs",
+                     "accessKey", "secretKey"):
             if name in opts:
                 raise RmqOptionError(f"option {name} only applies with namesrvAddr (a live "
                                      "cluster); store folders are read without credentials")
@@ -285,6 +287,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                        if "requestRetries" in opts else 5)
     retry_backoff_ms = (int_option("retryBackoffMs", opts["retryBackoffMs"], minimum=1,
                                    maximum=60_000) if "retryBackoffMs" in opts else 500)
+    broker_outage_ms = (int_option("brokerOutageTimeoutMs", opts["brokerOutageTimeoutMs"], minimum=0,
+                                   maximum=86_400_000) if "brokerOutageTimeoutMs" in opts else 180_000)
 
     # What to read
     chosen = [n for n in ("topic", "topicPattern", "assign") if n in opts]
@@ -583,5 +587,6 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
         request_retries=request_retries, retry_backoff_ms=retry_backoff_ms,
+        broker_outage_ms=broker_outage_ms,
         credentials=credentials, group_state_path=group_state_path,
     )

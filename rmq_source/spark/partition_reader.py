@@ -58,12 +58,14 @@ class RmqInputPartition(InputPartition):
 
 
 def check_task_locks(part: RmqInputPartition):
-    """Ordered mode: raise RmqLockError unless the partition's client holds the locks of all its
-    queues (``part.lock``; nothing to check when None). Returns the partition's opened backend."""
+    """Ordered mode: the partition's client must hold the locks of its queues (``part.lock``;
+    nothing to check when None), see :meth:`Backend.check_task_locks`. Returns (the partition's
+    opened backend, its ranges of the queues it may read)."""
     backend = part.backend.open()
-    if part.lock is not None:
-        backend.check_task_locks(part.lock, [r.mq for r in part.ranges])
-    return backend
+    if part.lock is None:
+        return backend, part.ranges
+    readable = backend.check_task_locks(part.lock, [r.mq for r in part.ranges])
+    return backend, [r for r in part.ranges if r.mq in readable]
 
 
 def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
@@ -81,14 +83,14 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
 
 
 def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
-    backend = check_task_locks(part)
+    backend, ranges = check_task_locks(part)
     sub = Subscription.parse(part.sub_expression, part.expression_type)
     # SQL92: the store's units are all read and the live brokers filter; the rows are (re)checked
     # here by the C evaluation, as RocketMQ's clients do not (a broker delivers every message for a
     # selector it cannot compile)
     program = selector_program(sub.expression) if sub.is_sql else None
     batches = backend.read_many(
-        (_range_read(part, r) for r in part.ranges if r.start < r.end), subscription=sub,
+        (_range_read(part, r) for r in ranges if r.start < r.end), subscription=sub,
         batch_rows=part.batch_rows, batch_bytes=part.batch_bytes, verify_crc=part.verify_crc)
     if program is None and part.exact_tags is None:
         yield from batches

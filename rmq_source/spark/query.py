@@ -16,7 +16,8 @@ def open_backend(opts) -> Backend:
                                   credentials=opts.credentials,
                                   pull_group=opts.consumer_group or PULL_GROUP,
                                   retries=opts.request_retries,
-                                  retry_backoff_s=opts.retry_backoff_ms / 1000.0).open()
+                                  retry_backoff_s=opts.retry_backoff_ms / 1000.0,
+                                  outage_s=opts.broker_outage_ms / 1000.0).open()
     from rmq_source.store.backend import StoreBackend
     return StoreBackend(opts.brokers, opts.offset_store_path)
 

@@ -71,7 +71,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._session: GroupSession | None = None
         self._wait_reason: str | None = None   # last reason a group AvailableNow run waited for
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
-        self._away: set[str] = set()       # brokers whose queues wait (failOnDataLoss=false)
+        self._away: set[str] = set()       # brokers whose queues wait (not answering)
         self._unsaved: dict[MessageQueue, int] = {}  # group commits their broker did not take yet
         self._offset_bytes: dict[str, float] = {}   # topic -> bytes per offset (task sizing)
 
@@ -107,20 +107,30 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._initial
 
     def _reachable_infos(self, mqs) -> dict:
-        """:meth:`Backend.infos` of the queues whose broker answers. A broker that stays away
-        after the request retries fails the query with ``failOnDataLoss=true``; with ``false`` its
-        queues are left out (they wait, warned once per absence) and read again once it answers."""
+        """:meth:`Backend.infos` of the queues whose broker answers. The queues of a broker
+        that does not answer after the request retries are left out: they wait (warned once per
+        absence) and are read again once it answers. A broker away longer than
+        ``brokerOutageTimeoutMs`` fails the query with ``failOnDataLoss=true``; with ``false``
+        its queues go on waiting."""
         infos, down = self.backend.infos_reachable(mqs)
+        limit_s = self.opts.broker_outage_ms / 1000
         for broker, exc in sorted(down.items()):
             queues = sorted(mq for mq in mqs if mq.broker_name == broker)
+            away_s = self.backend.away_for(broker) or 0.0
             msg = (f"broker {broker} does not answer, so its {len(queues)} queue(s) of this query "
                    f"(e.g. {queues[0]}) cannot be read: {exc}")
-            if self.opts.fail_on_data_loss:
+            if self.opts.fail_on_data_loss and away_s >= limit_s:
                 raise RmqBrokerUnavailableError(
-                    msg + "; set failOnDataLoss=false to let its queues wait while the other "
-                    "brokers' queues are read", peer=getattr(exc, "peer", None)) from exc
+                    f"{msg}; it has been away {away_s:.0f} s, longer than brokerOutageTimeoutMs "
+                    f"({self.opts.broker_outage_ms}); set failOnDataLoss=false to let its queues "
+                    "wait while the other brokers' queues are read",
+                    peer=getattr(exc, "peer", None)) from exc
             if broker not in self._away:
-                log.warning("%s; they wait until it answers again (failOnDataLoss=false)", msg)
+                until = ("as long as it takes (failOnDataLoss=false)" if not self.opts.fail_on_data_loss
+                         else f"for up to brokerOutageTimeoutMs ({self.opts.broker_outage_ms} ms) "
+                              "in all, then the query fails (failOnDataLoss=true)")
+                log.warning("%s; they wait until it answers again, %s; the other brokers' queues "
+                            "go on", msg, until)
         back = self._away - set(down)
         if back:
             log.warning("broker(s) %s answer again; their queues are read from where they stopped",
@@ -182,7 +192,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _plan_reachable(self, mqs, starts, limit, fresh: bool):
         """:meth:`_plan` over the queues whose broker answers now: (read, end, latest). A broker
         that stops answering during the planning (after its statistics came) is found away by
-        planning again (``failOnDataLoss=false``; with true the error stands)."""
+        planning again (whose :meth:`_reachable_infos` decides what its absence means)."""
         tries = 0
         while True:
             infos = self._reachable_infos(mqs)
@@ -193,7 +203,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return read, end, latest
             except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
                 tries += 1
-                if self.opts.fail_on_data_loss or tries == 3:
+                if tries == 3:
                     raise
                 log.warning("planning again without the broker that stopped answering: %s", exc)
 
@@ -395,13 +405,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ends = {mq: o for mq, o in ends.items() if mq in planned}
         # queues the batch does not move need no broker (one that is away may be among them)
         ends = {mq: o for mq, o in ends.items() if o != starts.get(mq)}
-        infos, down = self.backend.infos_reachable(list(ends))
-        for broker, exc in sorted(down.items()):
-            raise RmqBrokerUnavailableError(
-                f"broker {broker} does not answer and the batch {start} -> {end} (in the "
-                f"checkpoint) reads its queues: it cannot be read until the broker is back (the "
-                f"batch's offsets are logged, skipping its messages would lose them): {exc}",
-                peer=getattr(exc, "peer", None)) from exc
+        infos = self._logged_batch_infos(list(ends), start, end)
         ranges = []
         for mq in sort_queues(ends):
             stop = ends[mq]
@@ -432,6 +436,34 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lock = TaskLock(self.opts.consumer_group, self.opts.client_id, self.opts.client_lock_lease_ms)
         return build_partitions(tasks, self.opts, self.backend, lock)
 
+    def _logged_batch_infos(self, mqs: list[MessageQueue], start: dict, end: dict) -> dict:
+        """:meth:`Backend.infos` of the queues a batch in the checkpoint reads. It must read
+        exactly them (skipping its messages would lose them), so a broker that does not answer is
+        waited for until it has been away ``brokerOutageTimeoutMs``; then the batch fails with
+        RmqBrokerUnavailableError. The other queries' and brokers' work goes on meanwhile, this
+        query's next batch waits for this one."""
+        infos, down = self.backend.infos_reachable(mqs)
+        warned: set[str] = set()
+        while down:
+            for broker, exc in sorted(down.items()):
+                away_s = self.backend.away_for(broker) or 0.0
+                what = (f"broker {broker} does not answer and the batch {start} -> {end} (in the "
+                        f"checkpoint) reads its queues")
+                if away_s >= self.opts.broker_outage_ms / 1000:
+                    raise RmqBrokerUnavailableError(
+                        f"{what}: it has been away {away_s:.0f} s, longer than brokerOutageTimeoutMs "
+                        f"({self.opts.broker_outage_ms}); the batch cannot be read until the broker is "
+                        f"back (its offsets are logged, skipping its messages would lose them): {exc}",
+                        peer=getattr(exc, "peer", None)) from exc
+                if broker not in warned:
+                    warned.add(broker)
+                    log.warning("%s; the batch waits for it, up to brokerOutageTimeoutMs (%d ms) of "
+                                "its absence: %s", what, self.opts.broker_outage_ms, exc)
+            time.sleep(1.0)
+            more, down = self.backend.infos_reachable([mq for mq in mqs if mq not in infos])
+            infos.update(more)
+        return infos
+
     def read(self, partition):
         return read_partition(partition)
 
@@ -454,10 +486,12 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
 
     def _commit_group(self, offsets: dict[MessageQueue, int]) -> None:
-        """Write ``offsets`` as the group's progress, one broker (or store file) at a time. With
-        ``failOnDataLoss=false`` the entries of a broker that does not answer are kept and written
-        again at every later commit until it takes them (as RocketMQ's clients persist their
-        memory table): its queues wait meanwhile, so nothing newer can pass them."""
+        """Write ``offsets`` as the group's progress, one broker (or store file) at a time. The
+        entries of a broker that does not answer are kept and written again at every later commit
+        until it takes them (as RocketMQ's clients persist their memory table): its queues wait
+        meanwhile, so nothing newer can pass them. Whether the query may go on without the broker
+        is :meth:`_reachable_infos`'s to say. Other refusals fail the query with
+        ``failOnDataLoss=true``."""
         if self.group_store is None:
             return
         if offsets == self._committed and not self._unsaved:
@@ -474,7 +508,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except RmqAuthError:
                 raise
             except RmqRemotingError as exc:
-                if self.opts.fail_on_data_loss:
+                away = isinstance(exc, (RmqRemotingConnectionError, RmqRemotingTimeoutError))
+                if self.opts.fail_on_data_loss and not away:
                     raise
                 log.warning("consumer group %r: broker %s did not take the progress of %d queue(s) "
                             "(kept, written again at the next batch): %s", self.opts.consumer_group,

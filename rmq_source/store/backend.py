@@ -194,8 +194,12 @@ class StoreBackend(Backend):
         live = GroupMembership(self.state_dir, group, f"rmq-store-{os.getpid()}").live_clients()
         return live, held
 
-    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> None:
+    def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
+        """Every queue, or RmqLockError: the lock table tells a lease this client let run out
+        from a queue another member holds only by its history, so any missing lock fails."""
         from rmq_source.group.locks import QueueLockManager
+        mqs = list(mqs)
         mgr = QueueLockManager(self.state_dir, lock.group, history=False)
         mgr.assert_held_batch([(mq.topic, mq.broker_name, mq.queue_id) for mq in mqs],
                               lock.client_id, lock.client_lease_ms)
+        return set(mqs)
