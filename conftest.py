@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import importlib
 import os
+import re
 import shutil
 import stat
 import sys
@@ -320,6 +321,32 @@ def pytest_collection_modifyitems(items):
             marker = _MARKED_BY_FIXTURE.get(fixture)
             if marker is not None and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+    # Files with real servers or slow tests first, each file's tests in their order: pytest-xdist
+    # (``--dist loadfile``) hands files out in this order, so the long ones start early and the
+    # many short ones even out the workers' ends.
+    long_files = {item.path for item in items
+                  if item.get_closest_marker("broker") or item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in long_files)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist with ``--dist loadfile`` (the README's command): a worker takes a test file's
+    tests of one RocketMQ line at a time, in the collection's order (long files first, the 4.9
+    tests before the 5.3 ones, as pytest orders them for its session fixtures). So each worker
+    starts the session cluster of a line once, as a single process would, and the module
+    fixtures of a file's two lines run on both workers at once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileAndLine(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            line = re.search(r"\brocketmq-(\d+\.\d+)", nodeid)
+            return nodeid.split("::", 1)[0] + (f"@{line.group(1)}" if line else "")
+
+    config.option.loadscopereorder = False        # (it would put the files with most tests first)
+    return FileAndLine(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -348,6 +375,8 @@ def pytest_configure(config):
         os.close(fd)
         os.environ[phase_timings.ENV] = path
         atexit.register(_remove_file, path, os.getpid())
+    phase_timings.record(phase_timings.TEST_PROCESS, 0.0)   # (pytest-xdist: one per worker)
+    spark_archive.choose_path()      # before pytest-xdist starts its workers: they share it
 
 
 def _remove_file(path: str, owner: int) -> None:

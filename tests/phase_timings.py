@@ -16,6 +16,9 @@ import time
 from collections import defaultdict
 
 ENV = "RMQ_PHASE_TIMINGS"
+#: a row each pytest process writes at its start (pytest-xdist workers too): its phases are the
+#: tests' own, the others' (helper processes) overlap with them
+TEST_PROCESS = "_pytest process"
 
 
 def record(phase: str, seconds: float, what: str = "") -> None:
@@ -47,7 +50,8 @@ def summary(path: str, wall_s: float) -> list[str]:
     """The table printed at the end of a run: per phase, how many and how many seconds; then the
     run's wall time and what is left of it. Phases recorded by helper processes overlap with the
     tests that started them, and phases nest (a cluster start holds its servers' boots), so the
-    rest is wall time minus the union of the test process's own phase intervals."""
+    rest is wall time minus the union of the pytest processes' own phase intervals (with
+    pytest-xdist: the time no worker spent in a phase)."""
     count: dict[str, int] = defaultdict(int)
     total: dict[str, float] = defaultdict(float)
     own: list[tuple[float, float]] = []
@@ -56,10 +60,13 @@ def summary(path: str, wall_s: float) -> list[str]:
             rows = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
         rows = []
+    testers = {row["pid"] for row in rows if row["phase"] == TEST_PROCESS} | {os.getpid()}
     for row in rows:
+        if row["phase"] == TEST_PROCESS:
+            continue
         count[row["phase"]] += 1
         total[row["phase"]] += row["s"]
-        if row["pid"] == os.getpid():
+        if row["pid"] in testers:
             own.append((row["end"] - row["s"], row["end"]))
     lines = [f"{'phase':<44}{'count':>7}{'seconds':>10}"]
     for phase in sorted(total, key=total.get, reverse=True):

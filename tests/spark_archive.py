@@ -8,12 +8,15 @@ made once per test run, on the first Spark start, by a throwaway session started
 interpreter's pyspark jars and this JVM. The JVMs then get ``-XX:SharedArchiveFile``; a JVM that
 cannot use it (another JDK, another class path) runs without it, as without the option.
 
-``$RMQ_SPARK_CDS`` carries the archive's path to helper processes (inherited with the
-environment); :func:`java_options` is what a Spark start adds to ``spark.driver.extraJavaOptions``.
+``$RMQ_SPARK_CDS`` carries the archive's path to helper processes and pytest-xdist workers
+(inherited with the environment); the first of them to need it makes it under a file lock, the
+others wait for it. :func:`java_options` is what a Spark start adds to
+``spark.driver.extraJavaOptions``.
 """
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import subprocess
@@ -52,19 +55,38 @@ def java_options() -> str:
     return f"-XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
+def choose_path() -> None:
+    """Name the run's archive (in a new temporary folder, removed when this process exits)
+    unless a parent process named it; made later by :func:`ensure`."""
+    if os.environ.get(ENV) is None:
+        folder = tempfile.mkdtemp(prefix="rmq-spark-cds-")
+        atexit.register(_remove, folder, os.getpid())
+        os.environ[ENV] = str(Path(folder) / "spark.jsa")
+
+
+def _remove(folder: str, owner: int) -> None:
+    if os.getpid() == owner:        # (not in a forked child)
+        shutil.rmtree(folder, True)
+
+
 def ensure() -> None:
-    """Make the run's archive unless it exists or was tried (once per run; a failure only
-    means Spark starts without one)."""
-    if os.environ.get(ENV) is not None:
+    """Make the run's archive unless it exists or was tried (once per run, whichever process
+    comes first; a failure only means Spark starts without one)."""
+    choose_path()
+    path = Path(os.environ[ENV])
+    tried = path.with_suffix(".tried")
+    if tried.exists():
         return
-    folder = tempfile.mkdtemp(prefix="rmq-spark-cds-")
-    atexit.register(shutil.rmtree, folder, True)
-    path = Path(folder) / "spark.jsa"
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    with phase_timings.timed("Spark class-data archive (once a run)"):
-        try:
-            subprocess.run([sys.executable, "-c", _MAKER, str(path)], env=env, timeout=300,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    os.environ[ENV] = str(path)       # tried: also when it was not written (java_options says "")
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be making it: wait
+        if tried.exists():
+            return
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+        with phase_timings.timed("Spark class-data archive (once a run)"):
+            try:
+                subprocess.run([sys.executable, "-c", _MAKER, str(path)], env=env, timeout=300,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               cwd=path.parent)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        tried.touch()       # also when it was not written (java_options then says "")

@@ -47,6 +47,8 @@ PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
 PULLS_IN_FLIGHT = 4
 MAX_BACKOFF_S = 8.0
+OUTAGE_POLL_S = 2.0     # a task waiting for a broker away beyond the retries asks this often
+OUTAGE_LOG_S = 15.0     # and says so this often
 COALESCE_BYTES = 16 << 20     # pull answers decoded together, at most
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
@@ -305,12 +307,13 @@ class ClusterBackend(Backend):
         answers again: planning while a broker is away does not wait the whole backoff in every
         batch (:meth:`away_for` says since when). ``ride_out`` (what a task must read or check
         before it may go on: pulls of planned messages, its queue locks) goes on trying, every
-        8 s at most, until the broker has been away ``spec.outage_s`` (a broker restart)."""
+        ``OUTAGE_POLL_S``, until the broker has been away ``spec.outage_s`` (a broker restart)."""
         known_down = not ride_out and broker_name in self._down
         retries = 0 if known_down else self.spec.retries
         delay = self.spec.retry_backoff_s
         started = time.monotonic()
         attempt = 0
+        said_at = -OUTAGE_LOG_S        # when the wait beyond the retries was last logged
         while True:
             try:
                 result = fn(self.broker_addr(broker_name))
@@ -327,17 +330,20 @@ class ClusterBackend(Backend):
             self._forget(broker_name)
             self._down_since.setdefault(broker_name, started)
             waited = time.monotonic() - started
-            if attempt >= retries and not (ride_out and waited + delay <= self.spec.outage_s):
+            # beyond the retries a task asks every OUTAGE_POLL_S: it goes on soon after a restart
+            pause = delay if attempt < retries else min(delay, OUTAGE_POLL_S)
+            if attempt >= retries and not (ride_out and waited + pause <= self.spec.outage_s):
                 break
             attempt += 1
             if attempt <= retries:
                 log.warning("broker %s: %s; trying again in %.1f s (%d of %d)", broker_name, last,
                             delay, attempt, retries)
-            else:
+            elif waited >= said_at + OUTAGE_LOG_S:
+                said_at = waited
                 log.warning("broker %s away for %.0f s (%s); this task waits for it up to "
-                            "brokerOutageTimeoutMs (%.0f s), trying again in %.1f s", broker_name,
-                            waited, str(last).split("; request:")[0], self.spec.outage_s, delay)
-            time.sleep(delay)
+                            "brokerOutageTimeoutMs (%.0f s), asking every %.0f s", broker_name,
+                            waited, str(last).split("; request:")[0], self.spec.outage_s, pause)
+            time.sleep(pause)
             delay = min(delay * 2, MAX_BACKOFF_S)
         self._down.add(broker_name)
         took = time.monotonic() - started
