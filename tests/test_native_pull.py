@@ -439,7 +439,7 @@ def test_no_nameserver_when_c_pulls_start_is_the_python_clients_clear_error():
     from rmq_source.remote.backend import ClusterBackend, ClusterBackendSpec
     from rmq_source.subscription import Subscription
 
-    backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), 1.0, retries=0))
+    backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), 1.0, retries=0, outage_s=0.0))
     pulls = backend._pulls(MessageQueue("T", "b", 0), 0, 10, Subscription.parse("*"))
     with pytest.raises(RmqRemotingConnectionError, match="no NameServer answered .*127.0.0.1:1"):
         next(pulls)
