@@ -154,7 +154,7 @@ class GroupSession:
         if self._renewer is None:
             def on_result(requested, granted, started):
                 self.view.record(requested, granted, started)
-                away = getattr(self.locks, "away_brokers", None)
+                away = self._unanswered_brokers()
                 if away is not None:
                     self._drop_refused({mq for mq in requested
                                         if mq not in granted and mq.broker_name not in away})
@@ -163,6 +163,11 @@ class GroupSession:
                                         self.opts.lock_renew_interval_ms, acquire=False,
                                         on_result=on_result)
             self._renewer.start()
+
+    def _unanswered_brokers(self) -> set[str] | None:
+        """The brokers whose last lock request got no answer (brokers' locks only: a refusal
+        there means another client holds the queue); None for the store's lock table."""
+        return getattr(self.locks, "away_brokers", None)
 
     def _drop_refused(self, refused: set[MessageQueue]) -> None:
         """Queues of the planned batch whose broker answered that another client holds them
@@ -462,7 +467,7 @@ class GroupSession:
             held = set(self._held)
         if self.orderly and held:
             still = self.locks.held_by(held, self.client_id)
-            if getattr(self.locks, "away_brokers", None) is not None:   # (brokers' locks)
+            if self._unanswered_brokers() is not None:
                 self._drop_refused(held - still)
             held = still
         return held

@@ -113,16 +113,13 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``brokerOutageTimeoutMs`` fails the query with ``failOnDataLoss=true``; with ``false``
         its queues go on waiting."""
         infos, down = self.backend.infos_reachable(mqs)
-        limit_s = self.opts.broker_outage_ms / 1000
         for broker, exc in sorted(down.items()):
             queues = sorted(mq for mq in mqs if mq.broker_name == broker)
-            away_s = self.backend.away_for(broker) or 0.0
             msg = (f"broker {broker} does not answer, so its {len(queues)} queue(s) of this query "
                    f"(e.g. {queues[0]}) cannot be read: {exc}")
-            if self.opts.fail_on_data_loss and away_s >= limit_s:
+            if self.opts.fail_on_data_loss and (away := self._outage_over(broker)):
                 raise RmqBrokerUnavailableError(
-                    f"{msg}; it has been away {away_s:.0f} s, longer than brokerOutageTimeoutMs "
-                    f"({self.opts.broker_outage_ms}); set failOnDataLoss=false to let its queues "
+                    f"{msg}; {away}; set failOnDataLoss=false to let its queues "
                     "wait while the other brokers' queues are read",
                     peer=getattr(exc, "peer", None)) from exc
             if broker not in self._away:
@@ -436,6 +433,15 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lock = TaskLock(self.opts.consumer_group, self.opts.client_id, self.opts.client_lock_lease_ms)
         return build_partitions(tasks, self.opts, self.backend, lock)
 
+    def _outage_over(self, broker: str) -> str | None:
+        """How long ``broker`` has been away, said for an error, once that is longer than
+        ``brokerOutageTimeoutMs``; None while it may still come back."""
+        away_s = self.backend.away_for(broker) or 0.0
+        if away_s < self.opts.broker_outage_ms / 1000:
+            return None
+        return (f"it has been away {away_s:.0f} s, longer than brokerOutageTimeoutMs "
+                f"({self.opts.broker_outage_ms})")
+
     def _logged_batch_infos(self, mqs: list[MessageQueue], start: dict, end: dict) -> dict:
         """:meth:`Backend.infos` of the queues a batch in the checkpoint reads. It must read
         exactly them (skipping its messages would lose them), so a broker that does not answer is
@@ -446,14 +452,12 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         warned: set[str] = set()
         while down:
             for broker, exc in sorted(down.items()):
-                away_s = self.backend.away_for(broker) or 0.0
                 what = (f"broker {broker} does not answer and the batch {start} -> {end} (in the "
                         f"checkpoint) reads its queues")
-                if away_s >= self.opts.broker_outage_ms / 1000:
+                if away := self._outage_over(broker):
                     raise RmqBrokerUnavailableError(
-                        f"{what}: it has been away {away_s:.0f} s, longer than brokerOutageTimeoutMs "
-                        f"({self.opts.broker_outage_ms}); the batch cannot be read until the broker is "
-                        f"back (its offsets are logged, skipping its messages would lose them): {exc}",
+                        f"{what}: {away}; the batch cannot be read until the broker is back (its "
+                        f"offsets are logged, skipping its messages would lose them): {exc}",
                         peer=getattr(exc, "peer", None)) from exc
                 if broker not in warned:
                     warned.add(broker)
