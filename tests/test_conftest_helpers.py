@@ -78,3 +78,30 @@ def test_raises_rmq_fails_when_nothing_is_raised_or_the_text_differs():
     with pytest.raises(pytest.fail.Exception, match="does not match"):
         with raises_rmq(RmqDataLossError, match="queue 7"):
             raise RmqDataLossError("queue 3")
+
+
+class _Query:
+    def __init__(self, active, error=None):
+        self.isActive, self._error = active, error
+
+    def exception(self):
+        return self._error
+
+
+@pytest.mark.parametrize("query, restarted, fails", [
+    (_Query(True), False, False),
+    (_Query(False), False, False),   # stopped by the test
+    (_Query(False, RuntimeError("py4j ... Python worker failed to connect back.")), True, False),
+    (_Query(False, RuntimeError("Timed out while waiting for the Python worker to connect back "
+                                "after 10000 ms")), True, False),
+    (_Query(False, RuntimeError("RmqLockError: queue held by c2")), False, True),
+])
+def test_revive_restarts_only_queries_spark_could_not_start(query, restarted, fails):
+    from fault_helpers.queries import revive
+    queries, again = {"c1": query}, _Query(True)
+    if fails:
+        with pytest.raises(AssertionError, match="query c1 failed: RmqLockError"):
+            revive(queries, lambda name: again)
+    else:
+        revive(queries, lambda name: again)
+    assert (queries["c1"] is again) == restarted

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from fault_helpers.queries import revive
 from fault_helpers.sinks import union_of_sinks
 from rmq_source.group.locks import find_lock_overlaps, read_history
 from rmq_source.store.writer import StoreWriter
@@ -35,9 +36,10 @@ def _start(spark, store, tmp_path, name):
 
 
 
-def _wait_for(spark, tmp_path, names, expected, timeout=150):
+def _wait_for(spark, tmp_path, names, expected, queries, start, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
+        revive(queries, start)
         keys, per_query = union_of_sinks(spark, tmp_path, names)
         if set(keys) >= expected:
             return keys, per_query
@@ -52,7 +54,10 @@ def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path)
     written = build_store(store, topics=(("Group16", 16, 320),))
     expected = {(w.queue_id, w.queue_offset) for w in written}
 
-    q1, q2 = _start(spark, store, tmp_path, "c1"), _start(spark, store, tmp_path, "c2")
+    def start(name):
+        return _start(spark, store, tmp_path, name)
+
+    queries = {"c1": start("c1"), "c2": start("c2")}
     more: list = []
     writer_done = threading.Event()
 
@@ -66,23 +71,23 @@ def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path)
 
     threading.Thread(target=produce, daemon=True).start()
     time.sleep(4)
-    q3 = _start(spark, store, tmp_path, "c3")
+    queries["c3"] = start("c3")
     assert writer_done.wait(60)
     expected |= {(w.queue_id, w.queue_offset) for w in more}
     names = ["c1", "c2", "c3"]
-    keys, per_query = _wait_for(spark, tmp_path, names, expected)
+    keys, per_query = _wait_for(spark, tmp_path, names, expected, queries, start)
     assert set(keys) == expected
     assert all(n == 1 for n in keys.values()), "a message was read twice while the group only grew"
     assert sum(1 for c in per_query.values() if c) >= 2, "the queues were not shared"
 
     # One query stops: after its lease its queues move to the others, and nothing is lost.
-    q2.stop()
+    queries["c2"].stop()
     with StoreWriter(store) as w:
         late = append_messages(w, "Group16", 64, start_ts=1_700_003_000_000, seed=42)
     expected |= {(w.queue_id, w.queue_offset) for w in late}
-    keys, per_query = _wait_for(spark, tmp_path, names, expected)
-    for q in (q1, q3):
-        q.stop()
+    _wait_for(spark, tmp_path, names, expected, queries, start)
+    for name in ("c1", "c3"):
+        queries[name].stop()
     keys, per_query = union_of_sinks(spark, tmp_path, names)
     assert set(keys) == expected
     twice = {k for k, n in keys.items() if n > 1}
