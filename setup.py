@@ -22,6 +22,8 @@ setup(
         "test": [
             "pyspark==4.3.*", "pandas>=2,<3", "numpy", "lz4>=4", "zstandard>=0.22",
             "pytest>=8", "chispa>=0.10", "hypothesis>=6", "pytest-timeout", "pytest-xdist>=3",
+            # reruns only what Spark's fixed 10 s Python worker connect-back fails (pyproject.toml)
+            "pytest-rerunfailures>=14",
             # the bounded fuzz run of the C core (tests/test_fuzz.py) is part of the suite
             "atheris>=2.3; platform_system == 'Linux'",
         ],

@@ -54,6 +54,10 @@ class QueueInfo:
     queue_id: int
     min_offset: int
     max_offset: int
+    #: live mode: the slave that answered while its master was away (None: the master, or a
+    #: store). A slave's offsets are what it holds: it does not decide that offsets below its
+    #: min were deleted, nor that a queue ended or was re-created below the master's max.
+    slave: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class TaskLock:
     group: str
     client_id: str
     client_lease_ms: int
+    #: when the driver asked the brokers for the batch's locks (ms since the epoch; 0: unknown). A
+    #: broker whose master is away grants and takes no locks: its queues are read under that
+    #: grant for ``client_lease_ms`` (as RocketMQ's orderly consumers go on for 30 s), then wait.
+    locked_at_ms: int = 0
 
 
 class BackendSpec(abc.ABC):

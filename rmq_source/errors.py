@@ -96,6 +96,12 @@ class RmqBrokerUnavailableError(RmqRemotingConnectionError):
     request retries; the message names it, its queues and what ``failOnDataLoss`` would do."""
 
 
+class RmqMasterAwayError(RmqBrokerUnavailableError):
+    """A broker's master is away and its slave answered what only the master may decide (that
+    messages are not there, where a queue ends: RocketMQ's slaves do not check offsets), or
+    refused what a master would take: not an answer yet. The message names the slave."""
+
+
 class RmqRemotingProtocolError(RmqRemotingError):
     """The peer sent bytes that are not a valid remoting frame (size limit, header, serialize type)."""
 

@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from conftest import BROKER_LINES, raises_rmq, running_cluster
+from fault_helpers.sinks import sink_bodies
 from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -56,12 +57,6 @@ def _send(cluster, topic: str, per_queue: int, tag: str, broker: str = "broker-a
     return bodies
 
 
-def _sink_rows(spark, sink) -> list[bytes]:
-    if not (sink / "_spark_metadata").is_dir():
-        return []
-    return [bytes(r.body) for r in spark.read.schema("body binary").parquet(str(sink)).collect()]
-
-
 def _wait_for(q, what: str, done, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -87,7 +82,7 @@ def test_broker_killed_and_restarted_under_a_streaming_group_query(spark, own_cl
          .start())
     try:
         def committed() -> list[bytes]:
-            return _sink_rows(spark, sink)
+            return sink_bodies(spark, sink)
 
         deadline = time.monotonic() + 120
         while len(committed()) < 16:
@@ -178,18 +173,18 @@ def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_clus
                           lockRenewIntervalMs="1000")
         try:
             _wait_for(q, "the first messages never reached the sink",
-                      lambda: set(_sink_rows(spark, sink)) == sent)
+                      lambda: set(sink_bodies(spark, sink)) == sent)
             time.sleep(1.5)   # a batch or two more: the group's progress of that batch is written
             own_cluster.brokers["broker-b"].kill()
             sent |= (away := _send(own_cluster, topic, 3, "two"))
             _wait_for(q, "broker-a's queues stopped while broker-b was away",
-                      lambda: away <= set(_sink_rows(spark, sink)))
+                      lambda: away <= set(sink_bodies(spark, sink)))
             own_cluster.start_broker("broker-b")         # same port and store
             sent |= _send(own_cluster, topic, 3, "three", "broker-b")
             sent |= _send(own_cluster, topic, 2, "three")
             _wait_for(q, "broker-b's queues did not go on once it was back",
-                      lambda: set(_sink_rows(spark, sink)) == sent, timeout=180)
-            rows = _sink_rows(spark, sink)
+                      lambda: set(sink_bodies(spark, sink)) == sent, timeout=180)
+            rows = sink_bodies(spark, sink)
             assert len(rows) == len(set(rows)), "a message reached the sink twice"
             with RemotingClient(timeout=15) as client:
                 ends = {(b, i): rq.max_offset(client, own_cluster.brokers[b].addr, topic, i)
@@ -215,7 +210,7 @@ def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark,
         q, sink = _stream(spark, own_cluster, topic, tmp_path, brokerOutageTimeoutMs="4000")
         try:
             _wait_for(q, "the first messages never reached the sink",
-                      lambda: set(_sink_rows(spark, sink)) == sent)
+                      lambda: set(sink_bodies(spark, sink)) == sent)
             own_cluster.brokers["broker-b"].kill()
             deadline = time.monotonic() + 90
             while q.exception() is None:
@@ -254,7 +249,7 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
     q, sink = _stream(spark, own_cluster, None, tmp_path, topicPattern=f"{prefix}_.*")
     b_started = False
     try:
-        _wait_for(q, "the first messages never reached the sink", lambda: set(_sink_rows(spark, sink)) == sent)
+        _wait_for(q, "the first messages never reached the sink", lambda: set(sink_bodies(spark, sink)) == sent)
         changes = []
         with RemotingClient(timeout=15) as client:
             a = own_cluster.brokers["broker-a"].addr
@@ -275,8 +270,8 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
         for what, bodies in changes:
             sent |= bodies
             _wait_for(q, f"{what}: its messages never reached the sink",
-                      lambda: bodies <= set(_sink_rows(spark, sink)))
-        rows = _sink_rows(spark, sink)
+                      lambda: bodies <= set(sink_bodies(spark, sink)))
+        rows = sink_bodies(spark, sink)
         assert set(rows) == sent and len(rows) == len(sent), "a message missing or read twice"
     finally:
         q.stop()
@@ -380,7 +375,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
         def read_past(bodies: set[bytes], what: str, timeout: float = 240) -> None:
             """Wait until every read sink holds ``bodies``."""
             for kind, (q, sink) in reads.items():
-                _wait_for(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(_sink_rows(spark, sink)))[1],
+                _wait_for(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(sink_bodies(spark, sink)))[1],
                           timeout)
 
         try:
@@ -407,7 +402,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
             sent, unsure = set(producer.sent), set(producer.unsure)
             read_past(sent, "not every message sent reached the sink")
             for kind, (q, sink) in reads.items():
-                rows = _sink_rows(spark, sink)
+                rows = sink_bodies(spark, sink)
                 assert len(rows) == len(set(rows)), f"{kind}: a message reached the sink twice"
                 assert set(rows) - sent <= unsure, f"{kind}: rows nobody sent"
             _wait_for(sink_stream, "the sink stream did not deliver every row",

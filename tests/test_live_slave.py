@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from conftest import BROKER_LINES, distinct_timeout, running_cluster
+from fault_helpers.sinks import sink_bodies
 from rmq_source.errors import RmqRemotingError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import native_pull
@@ -42,30 +43,27 @@ def filled(ha_cluster):
     return _fill(ha_cluster)
 
 
-def _fill(cluster) -> tuple[str, dict[int, list[bytes]]]:
-    """A new topic with PER_QUEUE messages a queue, replicated to the slave (its max offsets and a
-    pull answered by it)."""
+def _fill(cluster, broker: str = "broker-a", queues: int = QUEUES, per_queue: int = PER_QUEUE
+          ) -> tuple[str, dict[int, list[bytes]]]:
+    """A new topic on ``broker`` with ``per_queue`` messages a queue, replicated to its slave
+    (its max offsets and a pull answered by it)."""
     topic = f"Slave_{uuid.uuid4().hex[:8]}"
-    master, slave = cluster.brokers["broker-a"].addr, cluster.brokers["broker-a-slave1"].addr
+    master, slave = cluster.brokers[broker].addr, cluster.brokers[f"{broker}-slave1"].addr
     sent: dict[int, list[bytes]] = {}
     with RemotingClient(timeout=15) as client:
-        cluster.create_topic(client, topic, QUEUES)
+        cluster.create_topic(client, topic, queues, broker=broker)
         # the slave copies topic configs from its master only now and then (5.3: not for a minute
         # at times); until then it answers "topic not exist", which sends pulls to the master.
         # 5.3 takes the topic directly; 4.9 refuses writes on a slave (and syncs every 10 s).
-        if not cluster.brokers["broker-a"].is_v4:
-            rq.create_topic(client, slave, topic, read_queues=QUEUES)
-        for q in range(QUEUES):
-            sent[q] = [f"{topic}-{q}-{i}".encode() for i in range(PER_QUEUE)]
-            for start in range(0, PER_QUEUE, 50):
-                rq.send_batch(client, master, topic, [{"body": b, "tags": "ab"[i % 2]} for i, b in
-                                                      enumerate(sent[q][start:start + 50], start)],
-                              queue_id=q)
+        if not cluster.brokers[broker].is_v4:
+            rq.create_topic(client, slave, topic, read_queues=queues)
+        for q in range(queues):
+            sent[q] = _send(client, master, topic, q, 0, per_queue)
         deadline = time.monotonic() + 60
-        for q in range(QUEUES):
+        for q in range(queues):
             while True:
                 try:
-                    if (rq.max_offset(client, slave, topic, q) >= PER_QUEUE
+                    if (rq.max_offset(client, slave, topic, q) >= per_queue
                             and rq.pull(client, slave, "slave_probe", topic, q, 0).found):
                         break
                 except RmqRemotingError:       # not replicated yet
@@ -73,6 +71,15 @@ def _fill(cluster) -> tuple[str, dict[int, list[bytes]]]:
                 assert time.monotonic() < deadline, f"queue {q} never reached the slave"
                 time.sleep(0.5)
     return topic, sent
+
+
+def _send(client, master: str, topic: str, queue: int, first: int, count: int) -> list[bytes]:
+    bodies = [f"{topic}-{queue}-{i}".encode() for i in range(first, first + count)]
+    for start in range(0, count, 50):
+        rq.send_batch(client, master, topic, [{"body": b, "tags": "ab"[i % 2]} for i, b in
+                                              enumerate(bodies[start:start + 50], first + start)],
+                      queue_id=queue)
+    return bodies
 
 
 class _Spy:
@@ -160,3 +167,83 @@ def test_a_slave_that_is_gone_sends_the_pulls_back_to_the_master(ha_cluster, fil
         assert slave.addr in spy.addrs, "the master still suggested its slave"
     finally:
         ha_cluster.start_broker("broker-a", broker_id=1)
+
+
+FAILOVER_QUEUES, BEFORE, AFTER = 4, 100, 40
+
+
+@pytest.fixture(scope="module")
+def failover_pair(ha_cluster):
+    """broker-f on the module's NameServer: a master and its slave with ``slaveReadEnable`` and
+    the default memory ratio (the master serves the pulls until it dies)."""
+    extra = {"slaveReadEnable": "true"}
+    ha_cluster.start_broker("broker-f", extra=extra)
+    ha_cluster.start_broker("broker-f", broker_id=1, extra=extra)
+    return ha_cluster
+
+
+def _wait(what: str, done, queries=(), timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        for q in queries:
+            assert q.exception() is None, f"{what}: {q.exception()}"
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair, spark, tmp_path):
+    """broker-f's master SIGKILLed under a stream without a group, an unordered and an ordered
+    group stream: the first two go on from the slave (statistics, pulls, the group's heartbeats
+    and commits), the ordered one waits for the master's queue locks without failing; a batch
+    read during the outage reads everything from the slave. The master comes back on its store
+    and the streams go on with what it gets next. Every message exactly once in each sink, and
+    both groups' offsets on the master at the queues' ends (the slave took them meanwhile)."""
+    cluster = failover_pair
+    topic, sent = _fill(cluster, "broker-f", FAILOVER_QUEUES, BEFORE)
+    before = {b for bodies in sent.values() for b in bodies}
+    group, ordered_group = f"Failover_{uuid.uuid4().hex[:8]}", f"FailoverOrdered_{uuid.uuid4().hex[:8]}"
+    streams = {}
+    for kind, options in (("no-group", {}), ("unordered", {"consumerGroup": group, "orderly": "false"}),
+                          ("ordered", {"consumerGroup": ordered_group})):
+        sink = tmp_path / f"sink-{kind}"
+        streams[kind] = (spark.readStream.format("rmq")
+                         .options(namesrvAddr=cluster.namesrv_addr, topic=topic, startingOffsets="earliest",
+                                  maxMessagesPerTrigger="20", **options)
+                         .load().select("body").writeStream.format("parquet").option("path", str(sink))
+                         .option("checkpointLocation", str(tmp_path / f"chk-{kind}"))
+                         .trigger(processingTime="1 second").start()), sink
+    queries = [q for q, _ in streams.values()]
+    try:
+        for kind, (q, sink) in streams.items():
+            _wait(f"{kind}: no first batch", lambda: sink_bodies(spark, sink), queries)
+        read_before = {kind: len(sink_bodies(spark, sink)) for kind, (q, sink) in streams.items()}
+        cluster.brokers["broker-f"].kill()                          # SIGKILL the master
+        try:
+            # 20 messages a second at most: each stream had messages of the 400 still to read
+            assert all(n < len(before) for n in read_before.values()), read_before
+            got = [bytes(r.body) for r in spark.read.format("rmq").options(
+                namesrvAddr=cluster.namesrv_addr, topic=topic).load().select("body").collect()]
+            assert sorted(got) == sorted(before), "a batch read while the master is away"
+            for kind, (q, sink) in streams.items():
+                if kind != "ordered":   # (it needs the master's queue locks: it waits, alive)
+                    _wait(f"{kind}: the slave's messages never all arrived",
+                          lambda: set(sink_bodies(spark, sink)) >= before, queries)
+        finally:
+            cluster.start_broker("broker-f")                       # same port and store
+        with RemotingClient(timeout=15) as client:
+            master = cluster.brokers["broker-f"].addr
+            after = {b for q in range(FAILOVER_QUEUES)
+                     for b in _send(client, master, topic, q, BEFORE, AFTER)}
+            for kind, (q, sink) in streams.items():
+                _wait(f"{kind}: the master's new messages never arrived",
+                      lambda: set(sink_bodies(spark, sink)) >= before | after, queries)
+                rows = sink_bodies(spark, sink)
+                assert len(rows) == len(set(rows)) == len(before | after), f"{kind}: read twice"
+            ends = {q: BEFORE + AFTER for q in range(FAILOVER_QUEUES)}
+            for g in (group, ordered_group):
+                _wait(f"{g}: the group's offsets on the master never reached the queues' ends",
+                      lambda: {q: rq.query_consumer_offset(client, master, g, topic, q)
+                               for q in ends} == ends, queries)
+    finally:
+        for q in queries:
+            q.stop()

@@ -138,6 +138,8 @@ class GroupSession:
         self._mutex = threading.Lock()
         self._renewer: LockRenewer | None = None
         self._stopped = False
+        #: when the locks of the queues read last were asked for (ms since the epoch; 0: never)
+        self.locked_at_ms = 0
 
     # -- background renewal ----------------------------------------------------------------
     def _held_now(self) -> list[MessageQueue]:
@@ -228,6 +230,7 @@ class GroupSession:
         released = previous - mine
         if released and self.orderly:
             self.view.unlock(sorted(released))
+        asked_at = self.locks.now_ms()
         granted = set(self.view.lock_all(sorted(mine))) if self.orderly else mine
         granted = {MessageQueue(*parse_queue_key(queue_key(mq))) for mq in granted}
         committed = self.group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
@@ -249,6 +252,7 @@ class GroupSession:
         with self._mutex:
             self._held = read
             self._fresh_process = False
+        self.locked_at_ms = asked_at
         self.allocated = mine
         return read, moved
 
@@ -269,7 +273,9 @@ class GroupSession:
             self.start()
         if self._batch_key == plan_key(start, end):
             return planned
+        asked_at = self.locks.now_ms()
         read = self._lock_for_rerun(planned) if self.orderly else set(planned)
+        self.locked_at_ms = asked_at
         if not first:
             kept = self._not_read_since(read, start)
             if self.orderly and read - kept:

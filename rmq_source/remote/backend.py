@@ -15,6 +15,10 @@ question about a queue goes to the master of its broker:
   retries then apply.
 * group offsets: on the brokers (:class:`~rmq_source.remote.offset_store.BrokerOffsetStore`).
 
+While a broker's master is away (not in the NameServers' routes, or it just failed), what a slave
+may answer is asked of its slave (``_call(slave_ok=True)``); a slave's answers decide less than
+its master's (docs/semantics.md, "A master that dies while its slave runs").
+
 A pull answered "offset moved" below the queue's min offset reports the exact messages lost
 (``on_data_loss``); a queue that ends before the planned end reports it (``on_short_read``).
 """
@@ -31,7 +35,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
-from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqOptionError,
+from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailableError,
+                               RmqMasterAwayError, RmqOptionError,
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
@@ -49,6 +54,7 @@ PULLS_IN_FLIGHT = 4
 MAX_BACKOFF_S = 8.0
 OUTAGE_POLL_S = 2.0     # a task waiting for a broker away beyond the retries asks this often
 OUTAGE_LOG_S = 15.0     # and says so this often
+NO_MASTER_RECHECK_S = 1.0
 COALESCE_BYTES = 16 << 20     # pull answers decoded together, at most
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
@@ -134,6 +140,7 @@ class ClusterBackend(Backend):
         self._down: set[str] = set()   # brokers whose last call failed after every retry
         self._down_since: dict[str, float] = {}   # broker -> first failure of its absence
         self._nodes: dict[str, dict[int, str]] = {}   # brokerName -> broker id -> address
+        self._no_master_at: dict[str, float] = {}      # when the NameServers last listed no master
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
 
@@ -152,24 +159,74 @@ class ClusterBackend(Backend):
                     f"option topic: {topic!r} is not in {self.where()}; the NameServer has no "
                     "route for it") from None
             raise
+        masters, nodes = route.master_addrs(), route.nodes()
         with self._mutex:
-            self._masters.update(route.master_addrs())
-            self._nodes.update(route.nodes())
+            self._masters.update(masters)
+            self._nodes.update(nodes)
+            for name in set(nodes) - set(masters):      # routed by its slaves alone
+                self._masters.pop(name, None)
+                self._no_master_at[name] = time.monotonic()
         return route
 
     def broker_addr(self, broker_name: str) -> str:
         """The master address of ``broker_name`` (from the last route; cluster info otherwise)."""
         with self._mutex:
             addr = self._masters.get(broker_name)
+            # a broker without a master is asked about at most once a second (every pull of a
+            # fail-over would ask otherwise)
+            recent = time.monotonic() - self._no_master_at.get(broker_name, -NO_MASTER_RECHECK_S)
+        if addr is None and recent < NO_MASTER_RECHECK_S:
+            raise RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}")
         if addr is None:
             info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
             addr = info.master_addr(broker_name)
+            with self._mutex:
+                self._nodes[broker_name] = info.nodes(broker_name)
+                if addr is not None:
+                    self._masters[broker_name] = addr
+                else:
+                    self._no_master_at[broker_name] = time.monotonic()
             if addr is None:
                 raise RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}")
-            with self._mutex:
-                self._masters[broker_name] = addr
-                self._nodes[broker_name] = info.nodes(broker_name)
         return addr
+
+    def _acting_addr(self, broker_name: str, master_failed: bool) -> str:
+        """Where a question a slave may answer goes: the master while the NameServers list it
+        and it has not just failed, else the slave with the lowest broker id (RocketMQ's
+        clients pull from and commit to a slave when the route has no master). Raises what
+        :meth:`broker_addr` raises when no slave is listed either."""
+        try:
+            master = self.broker_addr(broker_name)
+        except RmqBrokerUnavailableError:
+            master = None
+        if master is not None and not master_failed:
+            return master
+        with self._mutex:
+            slaves = {i: a for i, a in (self._nodes.get(broker_name) or {}).items() if i != 0}
+        if slaves:
+            return slaves[min(slaves)]
+        return master if master is not None else self.broker_addr(broker_name)
+
+    def master_away(self, broker_name: str) -> bool:
+        """Whether the NameServers list no master for ``broker_name`` now (asked afresh: a
+        cached master may be one that died)."""
+        self._forget(broker_name)
+        try:
+            self.broker_addr(broker_name)
+        except RmqBrokerUnavailableError:
+            return True
+        return False
+
+    def is_master(self, broker_name: str, addr: str) -> bool:
+        """Whether ``addr`` is the master of ``broker_name`` as last routed."""
+        with self._mutex:
+            return self._masters.get(broker_name) == addr
+
+    def describe(self, broker_name: str) -> str:
+        """``broker_name`` with its master's address as last routed, for messages (never asks)."""
+        with self._mutex:
+            master = self._masters.get(broker_name)
+        return f"{broker_name} (master {master})" if master else f"{broker_name} (master away)"
 
     def _forget(self, broker_name: str) -> None:
         with self._mutex:
@@ -274,19 +331,21 @@ class ClusterBackend(Backend):
             if broker in down:
                 continue
             try:
-                stats = self._call(broker, lambda addr: rq.topic_stats(self.client, addr, topic))
+                addr, stats = self._call(broker, lambda addr: (addr, rq.topic_stats(
+                    self.client, addr, topic)), slave_ok=True)
             except _UNREACHABLE as exc:
                 down[broker] = exc
                 continue
+            slave = None if self.is_master(broker, addr) else addr
             for mq in group:
                 s = stats.get(mq.queue_id)
-                found[mq] = (QueueInfo(topic, mq.queue_id, s.min_offset, s.max_offset) if s is not None
-                             else QueueInfo(topic, mq.queue_id, 0, 0))
+                found[mq] = (QueueInfo(topic, mq.queue_id, s.min_offset, s.max_offset, slave) if s is not None
+                             else QueueInfo(topic, mq.queue_id, 0, 0, slave))
         return {mq: found[mq] for mq in mqs if mq in found}, down
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
         return self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
-            self.client, addr, mq.topic, mq.queue_id, timestamp_ms))
+            self.client, addr, mq.topic, mq.queue_id, timestamp_ms), slave_ok=True)
 
     def unit_sizes(self, mq: MessageQueue, start: int, end: int):
         """The brokers tell no message sizes without the messages: pulls them (bodies included)."""
@@ -297,11 +356,17 @@ class ClusterBackend(Backend):
             sizes.extend(batch.column("storeSize").to_pylist())
         return np.asarray(sizes, dtype=np.int64)
 
-    def _call(self, broker_name: str, fn, *, ride_out: bool = False):
+    def _call(self, broker_name: str, fn, *, ride_out: bool = False, slave_ok: bool = False):
         """``fn(master address)``, tried again (``spec.retries`` times at most, with a doubling
         backoff) while the broker is unreachable, times out, is busy or has no master in the
         NameServers' view (a restarting broker); the master is looked up again before each try.
         Other answers (errors of the request itself, ACL refusals) are not retried.
+
+        ``slave_ok``: a question a slave may answer (pulls, statistics, offsets by time, group
+        offsets, heartbeats) goes to a slave of the broker when the NameServers list no master
+        or the master failed the previous try (see :meth:`_acting_addr`); ``fn`` raises
+        :class:`RmqMasterAwayError` for an answer only the master may give, which counts as no
+        answer (the master is waited for as for a broker away).
 
         A broker whose last call failed after every try is tried once, without waiting, until it
         answers again: planning while a broker is away does not wait the whole backoff in every
@@ -315,14 +380,23 @@ class ClusterBackend(Backend):
         attempt = 0
         said_at = -OUTAGE_LOG_S        # when the wait beyond the retries was last logged
         while True:
+            addr = None
             try:
-                result = fn(self.broker_addr(broker_name))
+                addr = (self._acting_addr(broker_name, attempt > 0 or known_down) if slave_ok
+                        else self.broker_addr(broker_name))
+                result = fn(addr)
             except _UNREACHABLE as exc:
                 last = exc
             except RmqBrokerError as exc:
-                if exc.code != rq.SYSTEM_BUSY:
+                if exc.code == rq.SYSTEM_BUSY:
+                    last = exc
+                elif (slave_ok and addr is not None and not isinstance(exc, RmqAuthError)
+                      and not self.is_master(broker_name, addr)):
+                    # e.g. a 5.3 slave that has not synced the topic's or group's config yet
+                    last = RmqMasterAwayError(f"broker {broker_name}: its master is away and "
+                                              f"its slave {addr} refused: {exc}", peer=addr)
+                else:
                     raise
-                last = exc
             else:
                 self._down.discard(broker_name)
                 self._down_since.pop(broker_name, None)
@@ -401,20 +475,37 @@ class ClusterBackend(Backend):
             res = self._answer(mq, offset, call, True)
             if res is not None:
                 return res
-        return self._follow(mq, self._call(mq.broker_name, lambda addr: rq.pull(
-            self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-            max_nums=max_nums, subscription=expression, expression_type=kind), ride_out=True))
+
+        def pull(addr):
+            if self.is_master(mq.broker_name, addr):
+                return rq.pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id,
+                               offset, max_nums=max_nums, subscription=expression,
+                               expression_type=kind)
+            # the master is away: a slave's messages are taken (all of them: read() filters by
+            # tags, the caller rechecks SQL92), anything else waits for the master
+            res = rq.pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id,
+                          offset, max_nums=max_nums, subscription="*", expression_type="TAG")
+            if res.code != rq.SUCCESS:
+                raise RmqMasterAwayError(
+                    f"broker {mq.broker_name}: its master is away and its slave {addr} answered "
+                    f"the pull of {mq} at offset {offset} with code {res.code} ({res.remark}); "
+                    "only the master says that messages are not there", peer=addr)
+            return res
+
+        return self._follow(mq, self._call(mq.broker_name, pull, ride_out=True, slave_ok=True))
 
     def _send_pull(self, mq: MessageQueue, offset: int, count: int):
         """(a pull of ``*`` sent without waiting or None when it could not be sent, whether it
         went to a slave); the caller pulls an offset not sent with :meth:`_pull`, which retries."""
         slave = self._slave_addr(mq)
+        from_slave = slave is not None
         try:
-            addr = slave or self.broker_addr(mq.broker_name)
+            addr = slave or self._acting_addr(mq.broker_name, False)
+            from_slave = from_slave or not self.is_master(mq.broker_name, addr)
             return rq.send_pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-                                max_nums=max(1, min(count, PULL_BATCH))), slave is not None
+                                max_nums=max(1, min(count, PULL_BATCH))), from_slave
         except _UNREACHABLE:
-            return None, slave is not None
+            return None, from_slave
 
     def _answer(self, mq: MessageQueue, asked: int, call, from_slave: bool) -> rq.PullResult | None:
         """The answer of a pull sent ahead (``call``; None: it could not be sent), or None when it
@@ -620,7 +711,7 @@ class ClusterBackend(Backend):
         def decode():
             body = pending[0] if len(pending) == 1 else b"".join(pending)
             where = (f"pull answer(s) of {mq} from offset {first[0]} "
-                     f"({self.broker_addr(mq.broker_name)}; byte positions in the answers joined)")
+                     f"(broker {self.describe(mq.broker_name)}; byte positions in the answers joined)")
             batch, after = native.decode_records(body, where=where, topic=mq.topic,
                                                  queue_id=mq.queue_id, start=first[0], end=end,
                                                  tags=tags, verify_crc=verify_crc)
@@ -655,7 +746,7 @@ class ClusterBackend(Backend):
                     rows, _ = decode()
                     if rows is not None:
                         yield rows
-                where = f"pull answer of {mq} at offset {offset} from {self.broker_addr(mq.broker_name)}"
+                where = f"pull answer of {mq} at offset {offset} from {self.describe(mq.broker_name)}"
                 if res.code == rq.PULL_OFFSET_MOVED and offset < res.min_offset:
                     on_data_loss(offset, min(res.min_offset, end))   # removed by retention
                     nxt = res.min_offset
@@ -691,7 +782,7 @@ class ClusterBackend(Backend):
     # -- group state ---------------------------------------------------------------------------
     def offset_store(self, group: str):
         from rmq_source.remote.offset_store import BrokerOffsetStore
-        return BrokerOffsetStore(self.client, group, self._call)
+        return BrokerOffsetStore(self.client, group, self)
 
     def group_session(self, opts, strategy, offset_store):
         """The query as a consumer of its group on the brokers (:mod:`.membership`), ordered
@@ -730,4 +821,4 @@ class ClusterBackend(Backend):
         grants it again); see :meth:`BrokerLockManager.task_readable`."""
         from rmq_source.remote.locks import BrokerLockManager
         return BrokerLockManager(self, lock.group, lease_ms=lock.client_lease_ms + 1).task_readable(
-            list(mqs), lock.client_id)
+            list(mqs), lock.client_id, trusted_until_ms=lock.locked_at_ms + lock.client_lease_ms)

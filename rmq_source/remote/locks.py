@@ -119,9 +119,14 @@ class BrokerLockManager:
         granted, away = self._lock(mqs, client_id)
         return granted | away
 
-    def task_readable(self, mqs: Iterable[Any], client_id: str) -> set:
+    def task_readable(self, mqs: Iterable[Any], client_id: str, trusted_until_ms: int = 0) -> set:
         """A task's check before it reads: the queues of ``mqs`` whose broker grants ``client_id``
         their lock (renewing the driver's locks is what the driver does anyway).
+
+        A broker with no master in the NameServers' routes grants no locks, and no one else can
+        take them there: until ``trusted_until_ms`` (the driver's grant plus its client lease)
+        its queues are read under the driver's grant, as RocketMQ's orderly consumers go on under
+        a lock younger than 30 s; after that they are waited for as below.
 
         A broker that does not answer is waited for (``brokerOutageTimeoutMs`` of its absence,
         then RmqBrokerUnavailableError: the batch's offsets are logged, its queues cannot be
@@ -130,7 +135,17 @@ class BrokerLockManager:
         group's progress, and the driver does not commit it for this batch, see
         :meth:`GroupSession.held`)."""
         mqs = list(mqs)
-        granted, away = self._lock(mqs, client_id, ride_out=True)
+        trusted = set()
+        if self.now_ms() < trusted_until_ms:
+            for broker, pairs in self._by_broker(mqs).items():
+                if self.backend.master_away(broker):
+                    log.info("consumer group %r: broker %s has no master now; this task reads its "
+                             "%d queue(s) under the lock the driver was granted, trusted for %d "
+                             "ms more", self.group, broker, len(pairs),
+                             trusted_until_ms - self.now_ms())
+                    trusted.update(mq for _, mq in pairs)
+        granted, away = self._lock([mq for mq in mqs if mq not in trusted], client_id, ride_out=True)
+        granted |= trusted
         if away:
             queues = ", ".join(sorted(queue_key(mq) for mq in away))
             raise RmqBrokerUnavailableError(

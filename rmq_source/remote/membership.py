@@ -1,7 +1,8 @@
 """A streaming query as a consumer of its group on the brokers (RocketMQ's own membership).
 
-The query heartbeats (HEART_BEAT) to the master of every broker that serves its topics, as a
-clustering consumer with its subscription, over connections of its own (a broker knows a consumer
+The query heartbeats (HEART_BEAT) to the master of every broker that serves its topics (to a
+slave while the master is away, as RocketMQ's clients heartbeat every node), as a clustering
+consumer with its subscription, over connections of its own (a broker knows a consumer
 by its connection: two members sharing one would replace each other there): the brokers list
 it among the group's consumers (GET_CONSUMER_LIST_BY_GROUP) beside Java consumers of the same
 group, and every member allocates the queues with the same strategy over the same sorted lists.
@@ -57,7 +58,7 @@ class BrokerMembership:
         added is joined at the next heartbeat)."""
         names = set()
         for topic in self.topics:
-            names.update(self.backend.route(topic).master_addrs())
+            names.update(self.backend.route(topic).nodes())
         return sorted(names)
 
     def heartbeat(self) -> list[str]:
@@ -74,7 +75,7 @@ class BrokerMembership:
                 self._joined.add(name)
                 return rq.consumer_list(self.client, addr, self.group)
             try:
-                cids.update(self.backend._call(name, beat))
+                cids.update(self.backend._call(name, beat, slave_ok=True))
                 answered += 1
             except RmqAuthError:
                 raise            # an ACL refusal is not a broker being down
@@ -97,7 +98,7 @@ class BrokerMembership:
         for name in self._brokers():
             try:
                 cids.update(self.backend._call(name, lambda addr: rq.consumer_list(
-                    self.client, addr, self.group)))
+                    self.client, addr, self.group), slave_ok=True))
             except RmqRemotingError as exc:
                 log.warning("consumer group %r: consumer list of broker %s: %s", self.group, name, exc)
         return {cid: now for cid in cids}

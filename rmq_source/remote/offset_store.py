@@ -8,8 +8,9 @@ progress", -1, not offset 0) and :meth:`persist` writes each entry to its broker
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
+from rmq_source.errors import RmqBrokerError, RmqMasterAwayError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import OffsetTable
 from rmq_source.remote import requests as rq
@@ -17,13 +18,17 @@ from rmq_source.remote.client import RemotingClient
 
 
 class BrokerOffsetStore(OffsetTable):
-    """Offsets of ``group`` kept by the brokers; ``call(broker name, fn)`` runs ``fn(address of
-    the broker's master)`` (with the backend's retries)."""
+    """Offsets of ``group`` kept by the brokers of ``backend`` (a ClusterBackend, whose retries
+    apply). While a broker's master is away its slave is asked and written to, as RocketMQ's
+    RemoteBrokerOffsetStore does; a write a slave took still raises
+    :class:`~rmq_source.errors.RmqMasterAwayError` (a broker unavailable), so the caller
+    keeps the entries and writes them again until the master has them: a master that comes back
+    knows nothing of what its slave took, and its older offsets must not stay the group's."""
 
-    def __init__(self, client: RemotingClient, group: str, call: Callable[[str, Callable], object]):
+    def __init__(self, client: RemotingClient, group: str, backend):
         super().__init__(group)
         self.client = client
-        self.call = call
+        self.backend = backend
 
     def __getstate__(self) -> dict:
         raise TypeError("a BrokerOffsetStore holds connections; tasks receive a BackendSpec instead")
@@ -34,13 +39,30 @@ class BrokerOffsetStore(OffsetTable):
     def _fetch(self, mqs: list[MessageQueue]) -> dict[MessageQueue, int]:
         found = {}
         for mq in mqs:
-            value = self.call(mq.broker_name, lambda addr: rq.query_consumer_offset(
-                self.client, addr, self.group, mq.topic, mq.queue_id))
+            value = self.backend._call(mq.broker_name, lambda addr: rq.query_consumer_offset(
+                self.client, addr, self.group, mq.topic, mq.queue_id), slave_ok=True)
             if value is not None and value >= 0:
                 found[mq] = value
         return found
 
     def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
+        def write(addr, mq, offset):
+            if self.backend.is_master(broker, addr):
+                rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset)
+                return None
+            try:
+                rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset)
+            except RmqBrokerError as exc:
+                return f"its slave {addr} refused it too ({exc})"
+            return f"written to its slave {addr} meanwhile"
+
+        on_slave = []
         for mq, offset in sorted(entries.items()):
-            self.call(broker, lambda addr: rq.update_consumer_offset(
-                self.client, addr, self.group, mq.topic, mq.queue_id, offset))
+            said = self.backend._call(broker, lambda addr: write(addr, mq, offset), slave_ok=True)
+            if said is not None:
+                on_slave.append(said)
+        if on_slave:
+            raise RmqMasterAwayError(
+                f"consumer group {self.group!r}: the master of broker {broker} is away, so the "
+                f"progress of {len(on_slave)} queue(s) is not on it yet ({on_slave[0]}); kept "
+                "until the master takes it")

@@ -20,7 +20,8 @@ from typing import Mapping
 
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.backend import Backend, QueueInfo
-from rmq_source.errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
+from rmq_source.errors import (RmqDataLossError, RmqMasterAwayError, RmqOptionError,
+                               RmqUnknownTopicError)
 from rmq_source.group.offset_store import ReadOffsetType
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,17 @@ def check_data_loss(mq: MessageQueue, wanted: int, info: QueueInfo, fail_on_data
     caller that checks the same queue repeatedly report each lost offset once; it is updated.
     Every warning carries the lost range as ``record.rmq_lost = (mq, first, end)`` (``None`` for a
     re-created queue, whose loss cannot be counted).
+
+    Offsets a slave answered while its master was away (``info.slave``) decide neither: a slave
+    may lag its master or keep other files (RocketMQ's slaves do not check offsets either,
+    ``offsetCheckInSlave=false``), so this raises :class:`RmqMasterAwayError` instead.
     """
+    if info.slave is not None and not info.min_offset <= wanted <= info.max_offset:
+        raise RmqMasterAwayError(
+            f"{mq}: the master of broker {mq.broker_name} is away and its slave {info.slave} holds "
+            f"offsets [{info.min_offset}, {info.max_offset}), not {wanted}: only the master can say "
+            "whether messages from there were deleted or the queue was re-created; read it again "
+            "once the master is back")
     if wanted < info.min_offset:
         first = wanted if reported is None else max(wanted, reported.get(mq, wanted))
         lost = info.min_offset - wanted
@@ -182,6 +193,6 @@ def logged_range_start(mq: MessageQueue, start: int, end: int, info: QueueInfo,
     """
     if end < start:
         return min(info.min_offset, end)
-    if start < info.min_offset:
+    if start < info.min_offset and info.slave is None:
         return check_data_loss(mq, start, info, fail_on_data_loss, reported)
-    return start
+    return start   # (below a slave's min: the pulls wait for the master, see ClusterBackend._pull)

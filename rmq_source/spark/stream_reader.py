@@ -71,6 +71,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._session: GroupSession | None = None
         self._wait_reason: str | None = None   # last reason a group AvailableNow run waited for
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
+        self._waits_for_master: set[MessageQueue] = set()   # queues only a slave answers for
         self._away: set[str] = set()       # brokers whose queues wait (not answering)
         self._unsaved: dict[MessageQueue, int] = {}  # group commits their broker did not take yet
         self._offset_bytes: dict[str, float] = {}   # topic -> bytes per offset (task sizing)
@@ -217,7 +218,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                            self.opts.client_id)
             moved = {}
         starts = self._skip_lost(starts, read, infos)
-        backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in read}
+        backlog = {mq: max(0, latest[mq] - starts[mq]) if infos[mq].min_offset <= starts[mq] else 0
+                   for mq in read}   # (below a slave's min: waits for the master)
         if not isinstance(limit, ReadAllAvailable):
             backlog = self._admit(backlog, starts)
         if any(backlog.values()):
@@ -283,6 +285,15 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             info, start = infos[mq], starts[mq]
             if info.min_offset <= start <= info.max_offset:
                 continue   # (nothing lost: check_data_loss would answer ``start``)
+            if info.slave is not None:
+                # only a slave answers and it cannot tell (check_data_loss): the queue waits
+                if mq not in self._waits_for_master:
+                    log.warning("%s: the master of broker %s is away and its slave %s holds offsets "
+                                "[%d, %d), not %d: the queue waits for the master", mq,
+                                mq.broker_name, info.slave, info.min_offset, info.max_offset, start)
+                self._waits_for_master.add(mq)
+                continue
+            self._waits_for_master.discard(mq)
             out[mq] = check_data_loss(mq, start, info, self.opts.fail_on_data_loss,
                                       self._lost_reported)
         return out
@@ -430,7 +441,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "strategy must answer the same for the same arguments")
         lock = None
         if self.session is not None and self.opts.orderly:
-            lock = TaskLock(self.opts.consumer_group, self.opts.client_id, self.opts.client_lock_lease_ms)
+            lock = TaskLock(self.opts.consumer_group, self.opts.client_id, self.opts.client_lock_lease_ms,
+                            self.session.locked_at_ms)
         return build_partitions(tasks, self.opts, self.backend, lock)
 
     def _outage_over(self, broker: str) -> str | None:

@@ -24,6 +24,13 @@ def union_of_sinks(spark, folder: Path, names) -> tuple[Counter, dict[str, Count
     return keys, per_query
 
 
+def sink_bodies(spark, sink: Path) -> list[bytes]:
+    """The ``body`` column of a parquet sink's committed batches (empty before the first)."""
+    if not (sink / "_spark_metadata").is_dir():
+        return []
+    return [bytes(r.body) for r in spark.read.schema("body binary").parquet(str(sink)).collect()]
+
+
 def committed_files(sink: Path) -> list[str]:
     """Paths of the parquet files of the batches committed in ``sink``'s ``_spark_metadata`` log
     (the latest ``N.compact`` file plus the batch files after it), without a Spark session."""
