@@ -64,6 +64,11 @@ _UNREACHABLE = (RmqRemotingConnectionError, RmqRemotingTimeoutError)
 log = logging.getLogger(__name__)
 
 
+def _reason(exc: Exception) -> str:
+    """An error's message without the request and peer it names (said once, by the caller)."""
+    return str(exc).split("; request:")[0].split("; peer:")[0]
+
+
 def _cancel(ahead: deque) -> None:
     while ahead:
         call = ahead.popleft()[1]
@@ -379,11 +384,13 @@ class ClusterBackend(Backend):
         started = time.monotonic()
         attempt = 0
         said_at = -OUTAGE_LOG_S        # when the wait beyond the retries was last logged
+        master_failed = known_down     # the last try went to the master and failed
         while True:
             addr = None
             try:
-                addr = (self._acting_addr(broker_name, attempt > 0 or known_down) if slave_ok
+                addr = (self._acting_addr(broker_name, master_failed) if slave_ok
                         else self.broker_addr(broker_name))
+                master_failed = self.is_master(broker_name, addr)   # (until it answers)
                 result = fn(addr)
             except _UNREACHABLE as exc:
                 last = exc
@@ -416,7 +423,7 @@ class ClusterBackend(Backend):
                 said_at = waited
                 log.warning("broker %s away for %.0f s (%s); this task waits for it up to "
                             "brokerOutageTimeoutMs (%.0f s), asking every %.0f s", broker_name,
-                            waited, str(last).split("; request:")[0], self.spec.outage_s, pause)
+                            waited, _reason(last), self.spec.outage_s, pause)
             time.sleep(pause)
             delay = min(delay * 2, MAX_BACKOFF_S)
         self._down.add(broker_name)
@@ -427,7 +434,7 @@ class ClusterBackend(Backend):
             options = ("options requestRetries, retryBackoffMs, brokerOutageTimeoutMs" if ride_out
                        else "options requestRetries, retryBackoffMs")
             raise type(last)(f"broker {broker_name}: gave up after {tries} ({options}): "
-                             f"{str(last).split('; request:')[0]}", peer=last.peer,
+                             f"{_reason(last)}", peer=last.peer,
                              request=last.request) from last
         raise last
 

@@ -1,0 +1,134 @@
+"""Where questions go while a broker's master is away, and what a slave's answers may decide,
+without servers: the NameServers' view and each address's answers are scripted (the real
+fail-over runs against RocketMQ in test_live_slave.py)."""
+from __future__ import annotations
+
+import pytest
+
+from rmq_source.backend import QueueInfo
+from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailableError,
+                               RmqDataLossError, RmqMasterAwayError, RmqRemotingConnectionError)
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.remote import requests as rq
+from rmq_source.remote.backend import ClusterBackend, ClusterBackendSpec
+from rmq_source.spark.positions import check_data_loss, logged_range_start
+
+MASTER, SLAVE = "127.0.0.1:10911", "127.0.0.1:10921"
+
+
+class _Cluster:
+    """The NameServers' view of broker-a (``master`` listed or not, the slave always) and what
+    each address answers: a list of outcomes taken in turn (the last one repeats)."""
+
+    def __init__(self, master_listed: bool, answers: dict[str, list]):
+        self.master_listed = master_listed
+        self.answers = {a: list(v) for a, v in answers.items()}
+        self.asked: list[str] = []
+
+    def info(self):
+        nodes = {"1": SLAVE, **({"0": MASTER} if self.master_listed else {})}
+        return rq.ClusterInfo({"broker-a": {"brokerName": "broker-a", "brokerAddrs": nodes}}, {})
+
+    def fn(self, addr):
+        self.asked.append(addr)
+        outcomes = self.answers.get(addr) or [RmqRemotingConnectionError("refused", peer=addr)]
+        outcome = outcomes.pop(0) if len(outcomes) > 1 else outcomes[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def _backend(cluster: _Cluster, outage_s: float = 30.0) -> ClusterBackend:
+    backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), 1.0, retries=2, retry_backoff_s=0.01,
+                                                outage_s=outage_s))
+    backend._ask_namesrv = lambda what, call: cluster.info()   # (no NameServer asked)
+    return backend
+
+
+_refused = RmqRemotingConnectionError("refused")
+_no_topic = RmqBrokerError("topic not exist", code=17)
+
+
+@pytest.mark.parametrize("master_listed, answers, slave_ok, asked, result", [
+    # a master that answers is the only one asked, slave_ok or not
+    (True, {MASTER: ["m"]}, True, [MASTER], "m"),
+    # no master in the NameServers' view: the slave at once
+    (False, {SLAVE: ["s"]}, True, [SLAVE], "s"),
+    # a master still listed but dead: the next try goes to the slave
+    (True, {MASTER: [_refused], SLAVE: ["s"]}, True, [MASTER, SLAVE], "s"),
+    # a slave that refuses (a 5.3 slave without the topic's config yet) is no answer: asked again
+    (False, {SLAVE: [_no_topic, "s"]}, True, [SLAVE, SLAVE], "s"),
+    # without slave_ok (locks): only a master, so nothing is asked while none is listed
+    (False, {SLAVE: ["s"]}, False, [], RmqBrokerUnavailableError),
+    # an ACL refusal of a slave is an answer: raised at once
+    (False, {SLAVE: [RmqAuthError("denied", code=16)]}, True, [SLAVE], RmqAuthError),
+])
+def test_questions_a_slave_may_answer_go_to_it_while_the_master_is_away(master_listed, answers,
+                                                                        slave_ok, asked, result):
+    cluster = _Cluster(master_listed, answers)
+    backend = _backend(cluster)
+    if isinstance(result, type):
+        with pytest.raises(result):
+            backend._call("broker-a", cluster.fn, slave_ok=slave_ok)
+    else:
+        assert backend._call("broker-a", cluster.fn, slave_ok=slave_ok) == result
+        assert backend.away_for("broker-a") is None
+    assert cluster.asked == asked
+
+
+def test_a_slave_that_cannot_tell_is_waited_on_until_the_outage_bound():
+    """A pull a slave answers with anything but messages waits for the master like a broker away
+    (ride_out), and fails as RmqMasterAwayError once the broker has been away that long."""
+    cannot = RmqMasterAwayError("slave answered code 20", peer=SLAVE)
+    cluster = _Cluster(False, {SLAVE: [cannot]})
+    with pytest.raises(RmqMasterAwayError, match="brokerOutageTimeoutMs"):
+        _backend(cluster, outage_s=0.2)._call("broker-a", cluster.fn, ride_out=True, slave_ok=True)
+    assert len(cluster.asked) > 3 and set(cluster.asked) == {SLAVE}
+    # and the master's return ends the wait with its answer
+    cluster = _Cluster(False, {SLAVE: [cannot]})
+    backend = _backend(cluster)
+    calls = iter(range(100))
+
+    def fn(addr):
+        if next(calls) == 3:
+            cluster.master_listed = True
+            backend._no_master_at.clear()     # (as if the second of NameServer silence had passed)
+        return "m" if addr == MASTER else cluster.fn(addr)
+    assert backend._call("broker-a", fn, ride_out=True, slave_ok=True) == "m"
+
+
+def test_the_master_is_asked_afresh_for_a_tasks_lock_check():
+    """master_away does not trust a cached master (a reused worker's cache may hold a dead one)."""
+    cluster = _Cluster(True, {})
+    backend = _backend(cluster)
+    assert backend.broker_addr("broker-a") == MASTER and not backend.master_away("broker-a")
+    cluster.master_listed = False
+    assert backend.master_away("broker-a")
+    assert backend._acting_addr("broker-a", master_failed=False) == SLAVE
+
+
+MQ = MessageQueue("T", "broker-a", 0)
+
+
+@pytest.mark.parametrize("wanted", [10, 20, 25, 30])
+def test_a_slaves_offsets_decide_no_loss_and_no_recreation(wanted):
+    """Inside a slave's [min, max] a position stands; below its min or above its max (it lags)
+    only the master can tell: RmqMasterAwayError, whatever failOnDataLoss says. The same numbers
+    from a master are retention (below) and a re-created queue (above)."""
+    slave_info, master_info = QueueInfo("T", 0, 20, 25, SLAVE), QueueInfo("T", 0, 20, 25)
+    for fail in (True, False):
+        if 20 <= wanted <= 25:
+            assert check_data_loss(MQ, wanted, slave_info, fail) == wanted
+            continue
+        with pytest.raises(RmqMasterAwayError, match="only the master can say"):
+            check_data_loss(MQ, wanted, slave_info, fail)
+        if fail:
+            with pytest.raises(RmqDataLossError):
+                check_data_loss(MQ, wanted, master_info, fail)
+        else:
+            assert check_data_loss(MQ, wanted, master_info, fail) == 20
+    # a logged batch starting below a slave's min is read from its start (its pulls then wait for
+    # the master), never moved past "lost" offsets
+    assert logged_range_start(MQ, 10, 25, slave_info, True) == 10
+    with pytest.raises(RmqDataLossError):
+        logged_range_start(MQ, 10, 25, master_info, True)
