@@ -69,10 +69,12 @@ class RmqRemotingError(RmqSourceError, OSError):
     """A request over RocketMQ's remoting protocol failed.
 
     ``peer`` is the server address (``host:port``), ``request`` a short description of the request
-    (its code name and main fields), both also in the message.
+    (its code name and main fields), both also in the message; ``reason`` is the message without
+    them (for an error that names them once, around it).
     """
 
     def __init__(self, message: str, *, peer: str | None = None, request: str | None = None):
+        self.reason = message
         parts = [message]
         if request:
             parts.append(f"request: {request}")

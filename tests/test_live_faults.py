@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from conftest import BROKER_LINES, raises_rmq, running_cluster
+from fault_helpers.queries import wait_alive
 from fault_helpers.sinks import sink_bodies
 from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError
 from rmq_source.remote import RemotingClient
@@ -55,14 +56,6 @@ def _send(cluster, topic: str, per_queue: int, tag: str, broker: str = "broker-a
                 rq.send_message(client, addr, topic, body, queue_id=q, tags="t")
                 bodies.add(body)
     return bodies
-
-
-def _wait_for(q, what: str, done, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert q.exception() is None, q.exception()
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
 
 
 def test_broker_killed_and_restarted_under_a_streaming_group_query(spark, own_cluster, tmp_path):
@@ -172,17 +165,17 @@ def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_clus
                           failOnDataLoss="false", groupStatePath=str(tmp_path / "state"),
                           lockRenewIntervalMs="1000")
         try:
-            _wait_for(q, "the first messages never reached the sink",
+            wait_alive(q, "the first messages never reached the sink",
                       lambda: set(sink_bodies(spark, sink)) == sent)
             time.sleep(1.5)   # a batch or two more: the group's progress of that batch is written
             own_cluster.brokers["broker-b"].kill()
             sent |= (away := _send(own_cluster, topic, 3, "two"))
-            _wait_for(q, "broker-a's queues stopped while broker-b was away",
+            wait_alive(q, "broker-a's queues stopped while broker-b was away",
                       lambda: away <= set(sink_bodies(spark, sink)))
             own_cluster.start_broker("broker-b")         # same port and store
             sent |= _send(own_cluster, topic, 3, "three", "broker-b")
             sent |= _send(own_cluster, topic, 2, "three")
-            _wait_for(q, "broker-b's queues did not go on once it was back",
+            wait_alive(q, "broker-b's queues did not go on once it was back",
                       lambda: set(sink_bodies(spark, sink)) == sent, timeout=180)
             rows = sink_bodies(spark, sink)
             assert len(rows) == len(set(rows)), "a message reached the sink twice"
@@ -209,7 +202,7 @@ def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark,
         sent = _send(own_cluster, topic, 2, "one") | _send(own_cluster, topic, 2, "one", "broker-b")
         q, sink = _stream(spark, own_cluster, topic, tmp_path, brokerOutageTimeoutMs="4000")
         try:
-            _wait_for(q, "the first messages never reached the sink",
+            wait_alive(q, "the first messages never reached the sink",
                       lambda: set(sink_bodies(spark, sink)) == sent)
             own_cluster.brokers["broker-b"].kill()
             deadline = time.monotonic() + 90
@@ -249,7 +242,7 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
     q, sink = _stream(spark, own_cluster, None, tmp_path, topicPattern=f"{prefix}_.*")
     b_started = False
     try:
-        _wait_for(q, "the first messages never reached the sink", lambda: set(sink_bodies(spark, sink)) == sent)
+        wait_alive(q, "the first messages never reached the sink", lambda: set(sink_bodies(spark, sink)) == sent)
         changes = []
         with RemotingClient(timeout=15) as client:
             a = own_cluster.brokers["broker-a"].addr
@@ -269,7 +262,7 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
         changes.append(("a broker added", _send(own_cluster, first, 2, "added", "broker-b")))
         for what, bodies in changes:
             sent |= bodies
-            _wait_for(q, f"{what}: its messages never reached the sink",
+            wait_alive(q, f"{what}: its messages never reached the sink",
                       lambda: bodies <= set(sink_bodies(spark, sink)))
         rows = sink_bodies(spark, sink)
         assert set(rows) == sent and len(rows) == len(sent), "a message missing or read twice"
@@ -375,7 +368,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
         def read_past(bodies: set[bytes], what: str, timeout: float = 240) -> None:
             """Wait until every read sink holds ``bodies``."""
             for kind, (q, sink) in reads.items():
-                _wait_for(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(sink_bodies(spark, sink)))[1],
+                wait_alive(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(sink_bodies(spark, sink)))[1],
                           timeout)
 
         try:
@@ -405,7 +398,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
                 rows = sink_bodies(spark, sink)
                 assert len(rows) == len(set(rows)), f"{kind}: a message reached the sink twice"
                 assert set(rows) - sent <= unsure, f"{kind}: rows nobody sent"
-            _wait_for(sink_stream, "the sink stream did not deliver every row",
+            wait_alive(sink_stream, "the sink stream did not deliver every row",
                       lambda: producer.rows <= _topic_bodies(spark, own_cluster, sink_topic), 240)
             with RemotingClient(timeout=15) as client:
                 ends = {(b, i): rq.max_offset(client, own_cluster.brokers[b].addr, topic, i)

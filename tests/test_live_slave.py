@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from conftest import BROKER_LINES, distinct_timeout, running_cluster
+from fault_helpers.queries import wait_alive
 from fault_helpers.sinks import sink_bodies
 from rmq_source.errors import RmqRemotingError
 from rmq_source.remote import RemotingClient
@@ -182,15 +183,6 @@ def failover_pair(ha_cluster):
     return ha_cluster
 
 
-def _wait(what: str, done, queries=(), timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        for q in queries:
-            assert q.exception() is None, f"{what}: {q.exception()}"
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
-
-
 def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair, spark, tmp_path):
     """broker-f's master SIGKILLed under a stream without a group, an unordered and an ordered
     group stream: the first two go on from the slave (statistics, pulls, the group's heartbeats
@@ -215,7 +207,7 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
     queries = [q for q, _ in streams.values()]
     try:
         for kind, (q, sink) in streams.items():
-            _wait(f"{kind}: no first batch", lambda: sink_bodies(spark, sink), queries)
+            wait_alive(queries, f"{kind}: no first batch", lambda: sink_bodies(spark, sink), 180)
         read_before = {kind: len(sink_bodies(spark, sink)) for kind, (q, sink) in streams.items()}
         cluster.brokers["broker-f"].kill()                          # SIGKILL the master
         try:
@@ -226,8 +218,8 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
             assert sorted(got) == sorted(before), "a batch read while the master is away"
             for kind, (q, sink) in streams.items():
                 if kind != "ordered":   # (it needs the master's queue locks: it waits, alive)
-                    _wait(f"{kind}: the slave's messages never all arrived",
-                          lambda: set(sink_bodies(spark, sink)) >= before, queries)
+                    wait_alive(queries, f"{kind}: the slave's messages never all arrived",
+                          lambda: set(sink_bodies(spark, sink)) >= before, 180)
         finally:
             cluster.start_broker("broker-f")                       # same port and store
         with RemotingClient(timeout=15) as client:
@@ -235,15 +227,15 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
             after = {b for q in range(FAILOVER_QUEUES)
                      for b in _send(client, master, topic, q, BEFORE, AFTER)}
             for kind, (q, sink) in streams.items():
-                _wait(f"{kind}: the master's new messages never arrived",
-                      lambda: set(sink_bodies(spark, sink)) >= before | after, queries)
+                wait_alive(queries, f"{kind}: the master's new messages never arrived",
+                      lambda: set(sink_bodies(spark, sink)) >= before | after, 180)
                 rows = sink_bodies(spark, sink)
                 assert len(rows) == len(set(rows)) == len(before | after), f"{kind}: read twice"
             ends = {q: BEFORE + AFTER for q in range(FAILOVER_QUEUES)}
             for g in (group, ordered_group):
-                _wait(f"{g}: the group's offsets on the master never reached the queues' ends",
+                wait_alive(queries, f"{g}: the group's offsets on the master never reached the queues' ends",
                       lambda: {q: rq.query_consumer_offset(client, master, g, topic, q)
-                               for q in ends} == ends, queries)
+                               for q in ends} == ends, 180)
     finally:
         for q in queries:
             q.stop()

@@ -64,11 +64,6 @@ _UNREACHABLE = (RmqRemotingConnectionError, RmqRemotingTimeoutError)
 log = logging.getLogger(__name__)
 
 
-def _reason(exc: Exception) -> str:
-    """An error's message without the request and peer it names (said once, by the caller)."""
-    return str(exc).split("; request:")[0].split("; peer:")[0]
-
-
 def _cancel(ahead: deque) -> None:
     while ahead:
         call = ahead.popleft()[1]
@@ -423,7 +418,7 @@ class ClusterBackend(Backend):
                 said_at = waited
                 log.warning("broker %s away for %.0f s (%s); this task waits for it up to "
                             "brokerOutageTimeoutMs (%.0f s), asking every %.0f s", broker_name,
-                            waited, _reason(last), self.spec.outage_s, pause)
+                            waited, last.reason, self.spec.outage_s, pause)
             time.sleep(pause)
             delay = min(delay * 2, MAX_BACKOFF_S)
         self._down.add(broker_name)
@@ -434,7 +429,7 @@ class ClusterBackend(Backend):
             options = ("options requestRetries, retryBackoffMs, brokerOutageTimeoutMs" if ride_out
                        else "options requestRetries, retryBackoffMs")
             raise type(last)(f"broker {broker_name}: gave up after {tries} ({options}): "
-                             f"{_reason(last)}", peer=last.peer,
+                             f"{last.reason}", peer=last.peer,
                              request=last.request) from last
         raise last
 

@@ -86,8 +86,7 @@ class Call:
                                           request=describe(self.cmd))
         if pending.error is not None:
             err = pending.error
-            raise type(err)(str(err).split("; request:")[0].split("; peer:")[0], peer=self.conn.addr,
-                            request=describe(self.cmd)) from err
+            raise type(err)(err.reason, peer=self.conn.addr, request=describe(self.cmd)) from err
         return pending.response
 
     def cancel(self) -> None:

@@ -47,14 +47,15 @@ class BrokerOffsetStore(OffsetTable):
 
     def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
         def write(addr, mq, offset):
-            if self.backend.is_master(broker, addr):
-                rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset)
-                return None
+            """None when the master took it, else what its slave did with it."""
+            on_master = self.backend.is_master(broker, addr)
             try:
                 rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset)
             except RmqBrokerError as exc:
+                if on_master:
+                    raise
                 return f"its slave {addr} refused it too ({exc})"
-            return f"written to its slave {addr} meanwhile"
+            return None if on_master else f"written to its slave {addr} meanwhile"
 
         on_slave = []
         for mq, offset in sorted(entries.items()):

@@ -283,6 +283,8 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out = dict(starts)
         for mq in sort_queues(read):
             info, start = infos[mq], starts[mq]
+            if info.slave is None:
+                self._waits_for_master.discard(mq)   # (warned again if its master goes again)
             if info.min_offset <= start <= info.max_offset:
                 continue   # (nothing lost: check_data_loss would answer ``start``)
             if info.slave is not None:
@@ -293,7 +295,6 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 mq.broker_name, info.slave, info.min_offset, info.max_offset, start)
                 self._waits_for_master.add(mq)
                 continue
-            self._waits_for_master.discard(mq)
             out[mq] = check_data_loss(mq, start, info, self.opts.fail_on_data_loss,
                                       self._lost_reported)
         return out

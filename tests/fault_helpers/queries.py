@@ -1,4 +1,5 @@
-"""Keeping long-running test queries alive through Spark's own start-up limit, and nothing else.
+"""Waiting on long-running test queries, and keeping them alive through Spark's own start-up limit
+(nothing else).
 
 Spark starts the Python worker that plans a Python data source's stream with a fixed 10 s for the
 worker to connect back (``PythonWorkerFactory.createSimpleWorker``; no setting raises it). On a
@@ -10,6 +11,7 @@ at once with the query's own error instead of a timeout later.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -34,3 +36,15 @@ def revive(queries: dict, start: Callable[[str], object]) -> None:
             queries[name] = start(name)
             continue
         raise AssertionError(f"query {name} failed: {text[:2000]}")
+
+
+def wait_alive(queries, what: str, done: Callable[[], object], timeout: float = 120) -> None:
+    """Poll ``done()`` every 0.5 s until it is true; fail with ``what`` after ``timeout`` s, or at
+    once with the error of a query of ``queries`` (one StreamingQuery or several) that died."""
+    queries = queries if isinstance(queries, (list, tuple)) else [queries]
+    deadline = time.monotonic() + timeout
+    while not done():
+        for q in queries:
+            assert q.exception() is None, f"{what}: {q.exception()}"
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
