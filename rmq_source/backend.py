@@ -211,6 +211,12 @@ class Backend(abc.ABC):
         """The query's session in its group (membership, allocation, locks, batch plans); see
         :class:`rmq_source.group.session.GroupSession`."""
 
+    def retry_queues(self, group: str) -> list[MessageQueue]:
+        """The queues of ``group``'s retry topic that a streaming member must read besides its
+        topics (:mod:`rmq_source.group.retry`): none in store mode, whose groups are this
+        package's own and send nothing back."""
+        return []
+
     @abc.abstractmethod
     def group_topics(self, group: str) -> set[str]:
         """Topics ``group`` has recorded progress for."""

@@ -43,22 +43,22 @@ def _start(tmp_path, name):
 
 
 
-def _wait_for(spark, tmp_path, names, done, what, running, timeout=240):
+def _wait_for(tmp_path, names, done, what, running, timeout=240):
     def check():
         for name, proc in running.items():
             if proc.poll() is not None:
                 raise AssertionError(f"query {name} exited with {proc.returncode}\n"
                                      f"{procs.tail(tmp_path, name)}")
-        got = union_of_sinks(spark, tmp_path, names)
+        got = union_of_sinks(tmp_path, names)
         return got if done(*got) else None
     try:
         return procs.wait_for(check, timeout, what, interval=2)
     except AssertionError as exc:
-        keys, _ = union_of_sinks(spark, tmp_path, names)
+        keys, _ = union_of_sinks(tmp_path, names)
         raise AssertionError(f"{exc}; {len(keys)} distinct messages in the sinks") from None
 
 
-def test_kill_9_one_query_of_a_group_its_queues_move_after_the_lease(spark, tmp_path):
+def test_kill_9_one_query_of_a_group_its_queues_move_after_the_lease(tmp_path):
     store = tmp_path / "store"
     written = build_store(store, topics=((TOPIC, 16, 320),))
     expected = {(w.queue_id, w.queue_offset) for w in written}
@@ -66,7 +66,7 @@ def test_kill_9_one_query_of_a_group_its_queues_move_after_the_lease(spark, tmp_
     running = {}
     try:
         running["c1"], running["c2"] = _start(tmp_path, "c1"), _start(tmp_path, "c2")
-        _wait_for(spark, tmp_path, names, lambda k, per: per["c1"] and per["c2"],
+        _wait_for(tmp_path, names, lambda k, per: per["c1"] and per["c2"],
                   "both first queries committed a batch", running)
         running["c3"] = _start(tmp_path, "c3")
         # append once the newcomer holds queues, so that it has something to read
@@ -76,7 +76,7 @@ def test_kill_9_one_query_of_a_group_its_queues_move_after_the_lease(spark, tmp_
             more = append_messages(w, TOPIC, 160, start_ts=1_700_002_000_000, seed=1)
         expected |= {(w.queue_id, w.queue_offset) for w in more}
         keys, per_query = _wait_for(
-            spark, tmp_path, names, lambda k, per: set(k) >= expected and per["c3"],
+            tmp_path, names, lambda k, per: set(k) >= expected and per["c3"],
             "the three queries consumed everything", running)
         assert all(n == 1 for n in keys.values()), "a message was read twice while the group grew"
 
@@ -88,7 +88,7 @@ def test_kill_9_one_query_of_a_group_its_queues_move_after_the_lease(spark, tmp_
         with StoreWriter(store) as w:
             late = append_messages(w, TOPIC, 96, start_ts=1_700_003_000_000, seed=2)
         expected |= {(w.queue_id, w.queue_offset) for w in late}
-        keys, per_query = _wait_for(spark, tmp_path, names, lambda k, per: set(k) >= expected,
+        keys, per_query = _wait_for(tmp_path, names, lambda k, per: set(k) >= expected,
                                     f"the survivors consumed what {victim} left", running)
     finally:
         for proc in running.values():

@@ -36,15 +36,15 @@ def _start(spark, store, tmp_path, name):
 
 
 
-def _wait_for(spark, tmp_path, names, expected, queries, start, timeout=300):
+def _wait_for(tmp_path, names, expected, queries, start, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
         revive(queries, start)
-        keys, per_query = union_of_sinks(spark, tmp_path, names)
+        keys, per_query = union_of_sinks(tmp_path, names)
         if set(keys) >= expected:
             return keys, per_query
         time.sleep(2)
-    keys, per_query = union_of_sinks(spark, tmp_path, names)
+    keys, per_query = union_of_sinks(tmp_path, names)
     missing = sorted(expected - set(keys))[:10]
     raise AssertionError(f"the group did not consume everything in {timeout}s; missing e.g. {missing}")
 
@@ -75,7 +75,7 @@ def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path)
     assert writer_done.wait(60)
     expected |= {(w.queue_id, w.queue_offset) for w in more}
     names = ["c1", "c2", "c3"]
-    keys, per_query = _wait_for(spark, tmp_path, names, expected, queries, start)
+    keys, per_query = _wait_for(tmp_path, names, expected, queries, start)
     assert set(keys) == expected
     assert all(n == 1 for n in keys.values()), "a message was read twice while the group only grew"
     assert sum(1 for c in per_query.values() if c) >= 2, "the queues were not shared"
@@ -85,10 +85,10 @@ def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path)
     with StoreWriter(store) as w:
         late = append_messages(w, "Group16", 64, start_ts=1_700_003_000_000, seed=42)
     expected |= {(w.queue_id, w.queue_offset) for w in late}
-    _wait_for(spark, tmp_path, names, expected, queries, start)
+    _wait_for(tmp_path, names, expected, queries, start)
     for name in ("c1", "c3"):
         queries[name].stop()
-    keys, per_query = union_of_sinks(spark, tmp_path, names)
+    keys, per_query = union_of_sinks(tmp_path, names)
     assert set(keys) == expected
     twice = {k for k, n in keys.items() if n > 1}
     assert twice <= set(per_query["c2"]), "only the stopped query's last batch may be read again"

@@ -75,7 +75,7 @@ def test_broker_killed_and_restarted_under_a_streaming_group_query(spark, own_cl
          .start())
     try:
         def committed() -> list[bytes]:
-            return sink_bodies(spark, sink)
+            return sink_bodies(sink)
 
         deadline = time.monotonic() + 120
         while len(committed()) < 16:
@@ -166,18 +166,18 @@ def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_clus
                           lockRenewIntervalMs="1000")
         try:
             wait_alive(q, "the first messages never reached the sink",
-                      lambda: set(sink_bodies(spark, sink)) == sent)
+                      lambda: set(sink_bodies(sink)) == sent)
             time.sleep(1.5)   # a batch or two more: the group's progress of that batch is written
             own_cluster.brokers["broker-b"].kill()
             sent |= (away := _send(own_cluster, topic, 3, "two"))
             wait_alive(q, "broker-a's queues stopped while broker-b was away",
-                      lambda: away <= set(sink_bodies(spark, sink)))
+                      lambda: away <= set(sink_bodies(sink)))
             own_cluster.start_broker("broker-b")         # same port and store
             sent |= _send(own_cluster, topic, 3, "three", "broker-b")
             sent |= _send(own_cluster, topic, 2, "three")
             wait_alive(q, "broker-b's queues did not go on once it was back",
-                      lambda: set(sink_bodies(spark, sink)) == sent, timeout=180)
-            rows = sink_bodies(spark, sink)
+                      lambda: set(sink_bodies(sink)) == sent, timeout=180)
+            rows = sink_bodies(sink)
             assert len(rows) == len(set(rows)), "a message reached the sink twice"
             with RemotingClient(timeout=15) as client:
                 ends = {(b, i): rq.max_offset(client, own_cluster.brokers[b].addr, topic, i)
@@ -203,7 +203,7 @@ def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark,
         q, sink = _stream(spark, own_cluster, topic, tmp_path, brokerOutageTimeoutMs="4000")
         try:
             wait_alive(q, "the first messages never reached the sink",
-                      lambda: set(sink_bodies(spark, sink)) == sent)
+                      lambda: set(sink_bodies(sink)) == sent)
             own_cluster.brokers["broker-b"].kill()
             deadline = time.monotonic() + 90
             while q.exception() is None:
@@ -242,7 +242,7 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
     q, sink = _stream(spark, own_cluster, None, tmp_path, topicPattern=f"{prefix}_.*")
     b_started = False
     try:
-        wait_alive(q, "the first messages never reached the sink", lambda: set(sink_bodies(spark, sink)) == sent)
+        wait_alive(q, "the first messages never reached the sink", lambda: set(sink_bodies(sink)) == sent)
         changes = []
         with RemotingClient(timeout=15) as client:
             a = own_cluster.brokers["broker-a"].addr
@@ -263,8 +263,8 @@ def test_route_changes_are_picked_up_between_micro_batches(spark, own_cluster, t
         for what, bodies in changes:
             sent |= bodies
             wait_alive(q, f"{what}: its messages never reached the sink",
-                      lambda: bodies <= set(sink_bodies(spark, sink)))
-        rows = sink_bodies(spark, sink)
+                      lambda: bodies <= set(sink_bodies(sink)))
+        rows = sink_bodies(sink)
         assert set(rows) == sent and len(rows) == len(sent), "a message missing or read twice"
     finally:
         q.stop()
@@ -368,7 +368,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
         def read_past(bodies: set[bytes], what: str, timeout: float = 240) -> None:
             """Wait until every read sink holds ``bodies``."""
             for kind, (q, sink) in reads.items():
-                wait_alive(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(sink_bodies(spark, sink)))[1],
+                wait_alive(q, f"{kind}: {what}", lambda: (all_alive(), bodies <= set(sink_bodies(sink)))[1],
                           timeout)
 
         try:
@@ -395,7 +395,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
             sent, unsure = set(producer.sent), set(producer.unsure)
             read_past(sent, "not every message sent reached the sink")
             for kind, (q, sink) in reads.items():
-                rows = sink_bodies(spark, sink)
+                rows = sink_bodies(sink)
                 assert len(rows) == len(set(rows)), f"{kind}: a message reached the sink twice"
                 assert set(rows) - sent <= unsure, f"{kind}: rows nobody sent"
             wait_alive(sink_stream, "the sink stream did not deliver every row",

@@ -207,8 +207,8 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
     queries = [q for q, _ in streams.values()]
     try:
         for kind, (q, sink) in streams.items():
-            wait_alive(queries, f"{kind}: no first batch", lambda: sink_bodies(spark, sink), 180)
-        read_before = {kind: len(sink_bodies(spark, sink)) for kind, (q, sink) in streams.items()}
+            wait_alive(queries, f"{kind}: no first batch", lambda: sink_bodies(sink), 180)
+        read_before = {kind: len(sink_bodies(sink)) for kind, (q, sink) in streams.items()}
         cluster.brokers["broker-f"].kill()                          # SIGKILL the master
         try:
             # 20 messages a second at most: each stream had messages of the 400 still to read
@@ -219,7 +219,7 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
             for kind, (q, sink) in streams.items():
                 if kind != "ordered":   # (it needs the master's queue locks: it waits, alive)
                     wait_alive(queries, f"{kind}: the slave's messages never all arrived",
-                          lambda: set(sink_bodies(spark, sink)) >= before, 180)
+                          lambda: set(sink_bodies(sink)) >= before, 180)
         finally:
             cluster.start_broker("broker-f")                       # same port and store
         with RemotingClient(timeout=15) as client:
@@ -228,8 +228,8 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
                      for b in _send(client, master, topic, q, BEFORE, AFTER)}
             for kind, (q, sink) in streams.items():
                 wait_alive(queries, f"{kind}: the master's new messages never arrived",
-                      lambda: set(sink_bodies(spark, sink)) >= before | after, 180)
-                rows = sink_bodies(spark, sink)
+                      lambda: set(sink_bodies(sink)) >= before | after, 180)
+                rows = sink_bodies(sink)
                 assert len(rows) == len(set(rows)) == len(before | after), f"{kind}: read twice"
             ends = {q: BEFORE + AFTER for q in range(FAILOVER_QUEUES)}
             for g in (group, ordered_group):

@@ -371,13 +371,15 @@ def check_copies(spark, cluster, topic, bodies, keys_of, *, one_queue: bool = Tr
     return got
 
 
-@pytest.mark.parametrize("keyed", [True, False], ids=["shardingKey", "body-only"])
-def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path, keyed):
+def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path):
     """SIGKILL a streaming query (driver, JVM, workers) while a batch is being sent, restart it
     from its checkpoint: the re-run batch sends its rows with the same UNIQ_KEYs (query id and
     batch id come back from the checkpoint), nothing is lost, keys stay in their queue and order.
-    body-only: rows the C core encodes (every row a free message)."""
+    Rows with a shardingKey against 4.9, rows the C core encodes (body only, every row a free
+    message) against 5.3: both ways of sending meet a broker of each line (the brokers store
+    what either sends alike), in half the time of all four pairs."""
     from fault_helpers import procs
+    keyed = cluster.version.startswith("4.")
     n, per_batch = 3000, 1000
     with StoreWriter(tmp_path / "in", commitlog_file_size=1 << 20) as w:
         w.create_topic("In", 1)

@@ -223,8 +223,7 @@ class GroupSession:
         cid_all = self.membership.heartbeat()
         if self.client_id not in cid_all:  # our heartbeat was just written; be defensive
             cid_all = sorted(set(cid_all) | {self.client_id})
-        mine = set(self.strategy.allocate(self.group, self.client_id, sorted(mqs), cid_all))
-        mine &= set(mqs)
+        mine = self._allocate(mqs, cid_all)
         with self._mutex:
             previous = set(self._held)
         released = previous - mine
@@ -255,6 +254,18 @@ class GroupSession:
         self.locked_at_ms = asked_at
         self.allocated = mine
         return read, moved
+
+    def _allocate(self, mqs: list[MessageQueue], cid_all: list[str]) -> set[MessageQueue]:
+        """This member's queues of ``mqs``: the strategy is asked topic by topic, as RocketMQ's
+        clients rebalance (``rebalanceByTopic``), so a query reading several topics (or its
+        group's retry topic) splits each of them with the group's Java consumers as they do."""
+        by_topic: dict[str, list[MessageQueue]] = {}
+        for mq in mqs:
+            by_topic.setdefault(mq.topic, []).append(mq)
+        mine: set[MessageQueue] = set()
+        for queues in by_topic.values():
+            mine.update(self.strategy.allocate(self.group, self.client_id, sorted(queues), cid_all))
+        return mine & set(mqs)
 
     def resume_batch(self, start: dict, end: dict, planned: set[MessageQueue], first: bool
                      ) -> set[MessageQueue]:

@@ -40,6 +40,7 @@ from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailabl
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
+from rmq_source.group.retry import retry_topic
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
@@ -264,6 +265,14 @@ class ClusterBackend(Backend):
             for broker, n in sorted(self._readable(self.route(topic)).items()):
                 out.extend(MessageQueue(topic, broker, q) for q in range(n))
         return sorted(out)
+
+    def retry_queues(self, group: str) -> list[MessageQueue]:
+        """The queues of ``%RETRY%<group>`` on the brokers; none until a broker made the topic
+        (at the group's first heartbeat there)."""
+        try:
+            return self.queues_for_topics([retry_topic(group)])
+        except RmqUnknownTopicError:
+            return []
 
     def queues_for_pattern(self, pattern: re.Pattern) -> list[MessageQueue]:
         names = [t for t in self._topic_names() if pattern.fullmatch(t)]

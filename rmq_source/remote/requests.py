@@ -434,18 +434,26 @@ def heartbeat(client: RemotingClient, broker: str, client_id_: str, *, consumer_
               timeout=None) -> None:
     """HEART_BEAT: ``consumer_groups`` maps a group to the topics it subscribes, each with the
     expression ``subscription`` (a tag expression with its tags and their Java hash codes, as the
-    Java client sends, or a SQL92 selector)."""
+    Java client sends, or a SQL92 selector); a group's retry topic with ``*``, as the Java
+    client subscribes it (a broker keeps one subscription per topic and group, the last one
+    heard: another expression there would filter the retries of the group's Java consumers)."""
+    from rmq_source.group.retry import is_retry_topic
     from rmq_source.subscription import Subscription
-    sub = Subscription.parse(subscription, expression_type)
+    given = Subscription.parse(subscription, expression_type)
+    every = Subscription.parse("*", "TAG")
+
+    def data(topic: str) -> dict:
+        sub = every if is_retry_topic(topic) else given
+        return {"classFilterMode": False, "topic": topic, "subString": sub.expression,
+                # SQL92: the selector alone, as the Java client sends it
+                "tagsSet": [] if sub.is_sql else list(sub.tags),
+                "codeSet": [] if sub.is_sql else list(sub.codes),
+                "subVersion": 0, "expressionType": sub.expression_type}
+
     consumers = [{
         "groupName": g, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
         "consumeFromWhere": consume_from_where, "unitMode": False,
-        "subscriptionDataSet": [{"classFilterMode": False, "topic": t, "subString": sub.expression,
-                                 # SQL92: the selector alone, as the Java client sends it
-                                 "tagsSet": [] if sub.is_sql else list(sub.tags),
-                                 "codeSet": [] if sub.is_sql else list(sub.codes),
-                                 "subVersion": 0, "expressionType": sub.expression_type}
-                                for t in topics],
+        "subscriptionDataSet": [data(t) for t in topics],
     } for g, topics in dict(consumer_groups).items()]
     body = {"clientID": client_id_, "producerDataSet": [{"groupName": g} for g in producer_groups],
             "consumerDataSet": consumers}

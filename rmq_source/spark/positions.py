@@ -23,6 +23,7 @@ from rmq_source.backend import Backend, QueueInfo
 from rmq_source.errors import (RmqDataLossError, RmqMasterAwayError, RmqOptionError,
                                RmqUnknownTopicError)
 from rmq_source.group.offset_store import ReadOffsetType
+from rmq_source.group.retry import is_retry_topic
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +100,18 @@ def starting_offsets(backend: Backend, mqs: list[MessageQueue], opts, group_stor
 
 
 def group_start(backend: Backend, mq: MessageQueue, info: QueueInfo, opts, group_store) -> int:
-    """The group's committed offset for ``mq``, else the ``consumeFromWhere`` position."""
+    """The group's committed offset for ``mq``, else the ``consumeFromWhere`` position; a retry
+    topic without progress starts at its min offset, except with ``CONSUME_FROM_TIMESTAMP`` at
+    its max (RocketMQ's ``computePullFromWhere``: whatever waits there was sent back by the group
+    before this member joined, except what it chose to skip by time)."""
     # Like RocketMQ's computePullFromWhere: the stored progress, not a cached one.
     committed = (group_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
                  if group_store is not None else -1)
     if committed is not None and committed >= 0:
         return committed
     where = opts.consume_from_where
+    if is_retry_topic(mq.topic):
+        return info.max_offset if where == "CONSUME_FROM_TIMESTAMP" else info.min_offset
     if where == "CONSUME_FROM_FIRST_OFFSET":
         return info.min_offset
     if where == "CONSUME_FROM_TIMESTAMP":

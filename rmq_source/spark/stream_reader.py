@@ -87,7 +87,14 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
+        """The queues of the query's topics, with its group's retry topic where the group has
+        other clients that send messages back (live mode, a subscription by topic), plus
+        ``known`` ones gone from the route."""
         found = discover_queues(self.backend, self.opts)
+        if self.opts.consumer_group and self.opts.assign is None:
+            have = set(found)
+            found = found + [mq for mq in self.backend.retry_queues(self.opts.consumer_group)
+                             if mq not in have]
         have = set(found)
         extra = [mq for mq in known if mq not in have]
         return sort_queues(have.union(extra) if extra or len(have) != len(found) else found)
