@@ -75,14 +75,25 @@ class RmqRemotingError(RmqSourceError, OSError):
 
     def __init__(self, message: str, *, peer: str | None = None, request: str | None = None):
         self.reason = message
-        parts = [message]
-        if request:
-            parts.append(f"request: {request}")
-        if peer:
-            parts.append(f"peer: {peer}")
-        super().__init__("; ".join(parts))
         self.peer = peer
         self.request = request
+        #: who ``peer`` is, when the caller knows (a broker's name and role: ``broker-a master``)
+        self.peer_role: str | None = None
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        parts = [self.reason]
+        if self.request:
+            parts.append(f"request: {self.request}")
+        if self.peer:
+            parts.append(f"peer: {self.peer}" + (f" ({self.peer_role})" if self.peer_role else ""))
+        return "; ".join(parts)
+
+    def name_peer(self, role: str | None) -> None:
+        """Say who the peer is (``broker-a master``, ``broker-a slave 1``) in the message."""
+        if role and self.peer:
+            self.peer_role = role
+            self.args = (self._text(),) + self.args[1:]
 
 
 class RmqRemotingTimeoutError(RmqRemotingError, TimeoutError):

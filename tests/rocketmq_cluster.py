@@ -393,11 +393,14 @@ class NameServer(JavaServer):
     boot_line = "The Name Server boot success"
     name = "NameServer"
 
-    def __init__(self, version: str, jars: Path, workdir: Path, *, port: int | None = None, **kw):
+    def __init__(self, version: str, jars: Path, workdir: Path, *, port: int | None = None,
+                 extra: dict | None = None, **kw):
+        """``extra``: more NameServer properties (e.g. the controller's, 5.x)."""
         super().__init__(version, jars, workdir, heap_mb=kw.pop("heap_mb", 192), **kw)
         if port is None:
             self.port_span = (0,)
         self.port = port or free_port()
+        self.extra = dict(extra or {})
 
     @property
     def addr(self) -> str:
@@ -414,6 +417,7 @@ class NameServer(JavaServer):
             "defaultThreadPoolNums=2", "clientRequestThreadPoolNums=2",
             # routes carry a topic's ORDER_TOPIC_CONFIG when one is set (strictly ordered topics)
             "orderMessageEnable=true",
+            *(f"{k}={v}" for k, v in self.extra.items()),
         ]) + "\n")
         return ["-c", str(conf)]
 
@@ -540,13 +544,15 @@ class Cluster:
     """
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, broker_names=("broker-a",),
-                 cluster: str = "DefaultCluster", broker_kw: dict | None = None):
-        """``broker_kw``: keyword arguments of every :class:`Broker` started (e.g. ``acl``)."""
+                 cluster: str = "DefaultCluster", broker_kw: dict | None = None,
+                 namesrv_extra: dict | None = None):
+        """``broker_kw``: keyword arguments of every :class:`Broker` started (e.g. ``acl``);
+        ``namesrv_extra``: more NameServer properties."""
         self.version = version
         self.jars = Path(jars)
         self.workdir = Path(workdir)
         self.cluster_name = cluster
-        self.namesrv = NameServer(version, jars, self.workdir / "namesrv")
+        self.namesrv = NameServer(version, jars, self.workdir / "namesrv", extra=namesrv_extra)
         self.brokers: dict[str, Broker] = {}
         self._broker_names = tuple(broker_names)
         self.broker_kw = dict(broker_kw or {})

@@ -76,6 +76,34 @@ def test_questions_a_slave_may_answer_go_to_it_while_the_master_is_away(master_l
     assert cluster.asked == asked
 
 
+@pytest.mark.parametrize("master_listed, answers, slave_ok, error, text", [
+    # a master that never answers: the retries' end names it with its role
+    (True, {MASTER: [_refused]}, False, RmqRemotingConnectionError,
+     f"gave up after 3 tries .*; peer: {MASTER} \\(broker-a master\\)"),
+    # an error of the request itself, raised at once
+    (True, {MASTER: [_no_topic]}, False, RmqBrokerError, f"topic not exist; peer: {MASTER} \\(broker-a master\\)"),
+    # a slave that keeps refusing while the master is away
+    (False, {SLAVE: [_no_topic]}, True, RmqMasterAwayError,
+     f"its master is away and its slave {SLAVE} refused: topic not exist; peer: {SLAVE} \\(broker-a slave 1\\)"),
+    # a question only a master answers while none is listed: the slaves it has are named
+    (False, {}, False, RmqBrokerUnavailableError,
+     f"'broker-a' has no master in the cluster of NameServer 127.0.0.1:1; its slaves: 1 at {SLAVE}"),
+])
+def test_errors_name_the_broker_its_role_and_address(master_listed, answers, slave_ok, error, text):
+    cluster = _Cluster(master_listed, {a: [_with_peer(o, a) for o in v] for a, v in answers.items()})
+    with pytest.raises(error, match=text):
+        _backend(cluster)._call("broker-a", cluster.fn, slave_ok=slave_ok)
+
+
+def _with_peer(outcome, addr):
+    """A fresh copy of a scripted error, from ``addr`` as the client reports it."""
+    if not isinstance(outcome, BaseException):
+        return outcome
+    if isinstance(outcome, RmqBrokerError):
+        return type(outcome)(outcome.reason, code=outcome.code, peer=addr)
+    return type(outcome)(outcome.reason, peer=addr)
+
+
 def test_a_slave_that_cannot_tell_is_waited_on_until_the_outage_bound():
     """A pull a slave answers with anything but messages waits for the master like a broker away
     (ride_out), and fails as RmqMasterAwayError once the broker has been away that long."""

@@ -232,7 +232,7 @@ REFUSALS = [
      "RmqSinkRowError", "add a brokerName column"),
     ("broker's maxMessageSize", {"body": [BIG], "queueId": [0], "brokerName": ["broker-s"]},
      "body string, queueId int, brokerName string", {"topic": "SinkStrict", "requireStoreOk": "false"},
-     "RmqSendError", "refused them with code (13|1): .*lower batchBytes"),
+     "RmqSendError", r"\(broker broker-s master 127\.0\.0\.1:\d+\): the broker refused them with code (13|1): .*lower batchBytes"),
     ("sync master without slave", {"body": ["a"]}, "body string",
      {"topic": "SinkStrict", "requestRetries": 1, "retryBackoffMs": 10}, "RmqSendError",
      "gave up after 2 tries: the broker stored them but did not confirm .*(SLAVE_NOT_AVAILABLE|FLUSH_SLAVE_TIMEOUT).*requireStoreOk=false"),

@@ -1,5 +1,6 @@
 """A user allocation strategy is asked once per streaming batch: the queues whose offsets a batch
-advances are the queues its tasks read, even when the strategy's answers change between calls."""
+advances are the queues its tasks read, even when the strategy's answers change between calls.
+A group's members split each topic by itself, as RocketMQ's clients rebalance."""
 from __future__ import annotations
 
 import pytest
@@ -41,3 +42,28 @@ def test_a_rerun_whose_strategy_now_answers_otherwise_fails_instead_of_losing_th
     restarted.strategy.target.rounds = 1               # ... answers "none" this time
     with pytest.raises(RmqAllocationError, match="FICKLE gives no task the queues"):
         restarted.partitions(start, end)
+
+
+def test_a_group_splits_each_topic_by_itself_as_rocketmq_clients_do(tmp_path):
+    """Two members reading topics A and B: the strategy is asked topic by topic (Java's
+    rebalanceByTopic), so AVG gives each member one queue of each topic, not one topic each."""
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.spark.query import open_backend, open_group_store, strategy_of
+    root = tmp_path / "store"
+    build_store(root, topics=(("A", 2, 20), ("B", 2, 20)))
+    sessions = {}
+    for cid in ("c1", "c2"):
+        opts = parse_options({"storePath": str(root), "topic": "A,B", "consumerGroup": "G", "clientId": cid,
+                              "orderly": "false"}, streaming=True)
+        backend = open_backend(opts)
+        sessions[cid] = (backend, backend.group_session(opts, strategy_of(opts), open_group_store(opts, backend)))
+        sessions[cid][1].start()
+    try:
+        for cid, (backend, session) in sessions.items():
+            mqs = backend.queues_for_topics(["A", "B"])
+            read, _ = session.choose(mqs, {mq: 0 for mq in mqs}, fresh=True)
+            q = 0 if cid == "c1" else 1
+            assert read == {MessageQueue("A", "broker-a", q), MessageQueue("B", "broker-a", q)}, (cid, read)
+    finally:
+        for _, session in sessions.values():
+            session.stop()

@@ -386,3 +386,30 @@ def test_batch_read_from_beyond_a_recreated_queue_starts_at_its_min(store, caplo
     parts = plan_batch(opts)
     assert _ranges(parts) == [(0, 0, 30), (1, 5, 30), (2, 0, 30)]
     assert "continuing from its earliest available offset 0" in caplog.text
+
+
+class _ByTime:
+    """A backend that only answers offsets by time (group_start asks nothing else)."""
+
+    @staticmethod
+    def offset_for_timestamp(mq, ts):
+        return 7
+
+
+@pytest.mark.parametrize("topic,where,want", [
+    ("T", "CONSUME_FROM_LAST_OFFSET", 20), ("T", "CONSUME_FROM_FIRST_OFFSET", 5),
+    ("T", "CONSUME_FROM_TIMESTAMP", 7),
+    # a retry topic: what waits there was sent back before this member came (computePullFromWhere)
+    ("%RETRY%G", "CONSUME_FROM_LAST_OFFSET", 5), ("%RETRY%G", "CONSUME_FROM_FIRST_OFFSET", 5),
+    ("%RETRY%G", "CONSUME_FROM_TIMESTAMP", 20),
+])
+def test_a_queue_without_group_progress_starts_where_rocketmq_clients_start(tmp_path, topic, where, want):
+    from rmq_source.backend import QueueInfo
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.spark.positions import group_start
+    opts = parse_options({"storePath": str(tmp_path), "topic": "T", "consumerGroup": "G",
+                          "consumeFromWhere": where, **({"consumeTimestamp": "20240101000000"}
+                                                        if where == "CONSUME_FROM_TIMESTAMP" else {})},
+                         streaming=True)
+    info = QueueInfo(topic, 0, 5, 20)
+    assert group_start(_ByTime(), MessageQueue(topic, "broker-a", 0), info, opts, None) == want

@@ -177,7 +177,7 @@ class ClusterBackend(Backend):
             # fail-over would ask otherwise)
             recent = time.monotonic() - self._no_master_at.get(broker_name, -NO_MASTER_RECHECK_S)
         if addr is None and recent < NO_MASTER_RECHECK_S:
-            raise RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}")
+            raise self._no_master(broker_name)
         if addr is None:
             info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
             addr = info.master_addr(broker_name)
@@ -188,7 +188,7 @@ class ClusterBackend(Backend):
                 else:
                     self._no_master_at[broker_name] = time.monotonic()
             if addr is None:
-                raise RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}")
+                raise self._no_master(broker_name)
         return addr
 
     def _acting_addr(self, broker_name: str, master_failed: bool) -> str:
@@ -228,6 +228,22 @@ class ClusterBackend(Backend):
         with self._mutex:
             master = self._masters.get(broker_name)
         return f"{broker_name} (master {master})" if master else f"{broker_name} (master away)"
+
+    def role_of(self, broker_name: str, addr: str | None) -> str:
+        """``broker-a master`` / ``broker-a slave 1`` for ``addr`` as last routed (``broker-a``
+        when the route does not list it), for messages."""
+        with self._mutex:
+            ids = [i for i, a in (self._nodes.get(broker_name) or {}).items() if a == addr]
+        if not ids:
+            return broker_name
+        return f"{broker_name} master" if ids[0] == 0 else f"{broker_name} slave {ids[0]}"
+
+    def _no_master(self, broker_name: str) -> RmqBrokerUnavailableError:
+        with self._mutex:
+            slaves = sorted((i, a) for i, a in (self._nodes.get(broker_name) or {}).items() if i != 0)
+        known = ("; its slaves: " + ", ".join(f"{i} at {a}" for i, a in slaves) if slaves
+                 else "; no slave of it is listed either")
+        return RmqBrokerUnavailableError(f"broker {broker_name!r} has no master in {self.where()}{known}")
 
     def _forget(self, broker_name: str) -> None:
         with self._mutex:
@@ -405,13 +421,16 @@ class ClusterBackend(Backend):
                       and not self.is_master(broker_name, addr)):
                     # e.g. a 5.3 slave that has not synced the topic's or group's config yet
                     last = RmqMasterAwayError(f"broker {broker_name}: its master is away and "
-                                              f"its slave {addr} refused: {exc}", peer=addr)
+                                              f"its slave {addr} refused: {exc.reason}", peer=addr,
+                                              request=exc.request)
                 else:
+                    exc.name_peer(self.role_of(broker_name, exc.peer))
                     raise
             else:
                 self._down.discard(broker_name)
                 self._down_since.pop(broker_name, None)
                 return result
+            last.name_peer(self.role_of(broker_name, last.peer))
             self._forget(broker_name)
             self._down_since.setdefault(broker_name, started)
             waited = time.monotonic() - started
@@ -437,9 +456,10 @@ class ClusterBackend(Backend):
                      else f"{attempt + 1} tries in {took:.1f} s")
             options = ("options requestRetries, retryBackoffMs, brokerOutageTimeoutMs" if ride_out
                        else "options requestRetries, retryBackoffMs")
-            raise type(last)(f"broker {broker_name}: gave up after {tries} ({options}): "
-                             f"{last.reason}", peer=last.peer,
-                             request=last.request) from last
+            gave_up = type(last)(f"broker {broker_name}: gave up after {tries} ({options}): "
+                                 f"{last.reason}", peer=last.peer, request=last.request)
+            gave_up.name_peer(last.peer_role)
+            raise gave_up from last
         raise last
 
     def away_for(self, broker_name: str) -> float | None:

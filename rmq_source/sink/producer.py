@@ -330,6 +330,12 @@ class TaskProducer:
         self._in_flight.append((lane, batch, call))
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self._in_flight))
 
+    def _at(self, lane: _Lane) -> str:
+        """The lane's queue and its broker's master as last routed, for messages."""
+        state = self._topics.get(lane.topic)
+        addr = state.masters.get(lane.queue.broker) if state is not None else None
+        return f"{lane.where()} (broker {lane.queue.broker} master {addr or 'away'})"
+
     def _master(self, lane: _Lane) -> str:
         state = self._topic(lane.topic)
         addr = state.masters.get(lane.queue.broker)
@@ -345,7 +351,7 @@ class TaskProducer:
         try:
             resp = self.client.answer(call, ok=None)
         except RmqAuthError as exc:
-            raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: refused "
+            raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {self._at(lane)}: refused "
                                f"by ACL: {exc}; give accessKey/secretKey of an account with PUB "
                                f"permission on {lane.topic}", code=exc.code, broker=lane.queue.broker) from exc
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError) as exc:
@@ -390,7 +396,7 @@ class TaskProducer:
                     "to accept that, or fix the broker's flush/slave setup" if code in STORE_STATUS
                     else f"{reason}; check that broker {broker} runs and is reachable, or raise "
                          "requestRetries/retryBackoffMs/brokerOutageTimeoutMs")
-            raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: gave up "
+            raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {self._at(lane)}: gave up "
                                f"after {batch.attempts} tries: {what}", code=code, broker=broker)
         delay = min(self.opts.retry_backoff_ms / 1000 * 2 ** (batch.attempts - 1), MAX_BACKOFF_S)
         if batch.attempts > self.opts.retries:
@@ -422,7 +428,7 @@ class TaskProducer:
                 "properties' size): lower batchBytes / maxMessageBytes to the broker's limit, or "
                 "raise maxMessageSize on the broker" if code in (MESSAGE_ILLEGAL, 1)
                 else "see the broker's remark")
-        raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {lane.where()}: the broker "
+        raise RmqSendError(f"partition {self.partition}, {batch.rows()} to {self._at(lane)}: the broker "
                            f"refused them with code {code}: {remark}; {hint}", code=code,
                            broker=lane.queue.broker)
 
