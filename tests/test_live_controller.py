@@ -17,7 +17,7 @@ import pytest
 
 from conftest import running_cluster
 from fault_helpers.queries import wait_alive
-from fault_helpers.sinks import sink_bodies
+from fault_helpers.sinks import body_streams, rows_stream, sink_bodies, topic_bodies
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
 from rocketmq_cluster import free_port
@@ -96,21 +96,10 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
 
     write_rows("before", 50)
     groups = {"ordered": f"CtlOrdered_{uuid.uuid4().hex[:6]}", "unordered": f"CtlUnordered_{uuid.uuid4().hex[:6]}"}
-    streams = {}
-    for kind, options in (("ordered", {"consumerGroup": groups["ordered"]}),
-                          ("unordered", {"consumerGroup": groups["unordered"], "orderly": "false"})):
-        sink = tmp_path / f"sink-{kind}"
-        streams[kind] = (spark.readStream.format("rmq")
-                         .options(namesrvAddr=cluster.namesrv_addr, topic=topic, startingOffsets="earliest",
-                                  maxMessagesPerTrigger="20", groupStatePath=str(tmp_path / f"state-{kind}"),
-                                  **options)
-                         .load().select("body").writeStream.format("parquet").option("path", str(sink))
-                         .option("checkpointLocation", str(tmp_path / f"chk-{kind}"))
-                         .trigger(processingTime="1 second").start()), sink
-    sink_stream = (spark.readStream.schema("body string").json(str(rows_dir))
-                   .writeStream.format("rmq").option("namesrvAddr", cluster.namesrv_addr)
-                   .option("topic", sink_topic).option("checkpointLocation", str(tmp_path / "chk-sink"))
-                   .trigger(processingTime="1 second").start())
+    streams = body_streams(spark, tmp_path, cluster.namesrv_addr, topic, {
+        kind: {"consumerGroup": group, "maxMessagesPerTrigger": "20", "groupStatePath": str(tmp_path / f"state-{kind}"),
+               **({"orderly": "false"} if kind == "unordered" else {})} for kind, group in groups.items()})
+    sink_stream = rows_stream(spark, rows_dir, cluster.namesrv_addr, sink_topic, tmp_path / "chk-sink")
     queries = [q for q, _ in streams.values()] + [sink_stream]
     try:
         for kind, (q, sink) in streams.items():
@@ -134,7 +123,7 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
                 got = sink_bodies(sink)
                 assert len(got) == len(set(got)) == len(before | after), f"{kind}: read twice"
             wait_alive(queries, "the sink stream did not deliver every row",
-                       lambda: rows <= _topic_bodies(spark, cluster, sink_topic), 240)
+                       lambda: rows <= topic_bodies(spark, cluster.namesrv_addr, sink_topic), 240)
             ends = {q: BEFORE + AFTER for q in range(QUEUES)}
             for kind, group in groups.items():
                 wait_alive(queries, f"{kind}: the group's offsets on the new master never reached the ends",
@@ -150,8 +139,3 @@ def _send(client, master: str, topic: str, queue: int, first: int, count: int) -
     for start in range(0, count, 50):
         rq.send_batch(client, master, topic, [{"body": b} for b in bodies[start:start + 50]], queue_id=queue)
     return bodies
-
-
-def _topic_bodies(spark, cluster, topic: str) -> set[str]:
-    df = spark.read.format("rmq").options(namesrvAddr=cluster.namesrv_addr, topic=topic).load()
-    return {bytes(r.body).decode() for r in df.select("body").collect()}

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import BROKER_LINES, raises_rmq, running_cluster
 from fault_helpers.queries import wait_alive
-from fault_helpers.sinks import sink_bodies
+from fault_helpers.sinks import body_streams, rows_stream, sink_bodies, topic_bodies
 from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -341,24 +341,12 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
         producer = _Producer(own_cluster, topic, rows_dir)
         producer.start()
         groups = {"ordered": f"Ordered_{uuid.uuid4().hex[:6]}", "unordered": f"Unordered_{uuid.uuid4().hex[:6]}"}
-        reads = {}
-        for kind, options in (("ordered", {"consumerGroup": groups["ordered"]}),
-                              ("unordered", {"consumerGroup": groups["unordered"], "orderly": "false"}),
-                              ("no group", {})):
-            name = kind.replace(" ", "-")
-            if options:
-                options["groupStatePath"] = str(tmp_path / f"state-{name}")
-            sink = tmp_path / f"sink-{name}"
-            reads[kind] = (spark.readStream.format("rmq")
-                           .options(namesrvAddr=own_cluster.namesrv_addr, topic=topic,
-                                    startingOffsets="earliest", **options)
-                           .load().select("body").writeStream.format("parquet").option("path", str(sink))
-                           .option("checkpointLocation", str(tmp_path / f"chk-{name}"))
-                           .trigger(processingTime="1 second").start()), sink
-        sink_stream = (spark.readStream.schema("body string").json(str(rows_dir))
-                       .writeStream.format("rmq").option("namesrvAddr", own_cluster.namesrv_addr)
-                       .option("topic", sink_topic).option("checkpointLocation", str(tmp_path / "chk-sink"))
-                       .trigger(processingTime="1 second").start())
+        reads = body_streams(spark, tmp_path, own_cluster.namesrv_addr, topic, {
+            "ordered": {"consumerGroup": groups["ordered"], "groupStatePath": str(tmp_path / "state-ordered")},
+            "unordered": {"consumerGroup": groups["unordered"], "orderly": "false",
+                          "groupStatePath": str(tmp_path / "state-unordered")},
+            "no group": {}})
+        sink_stream = rows_stream(spark, rows_dir, own_cluster.namesrv_addr, sink_topic, tmp_path / "chk-sink")
         queries = [q for q, _ in reads.values()] + [sink_stream]
 
         def all_alive() -> None:
@@ -399,7 +387,7 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
                 assert len(rows) == len(set(rows)), f"{kind}: a message reached the sink twice"
                 assert set(rows) - sent <= unsure, f"{kind}: rows nobody sent"
             wait_alive(sink_stream, "the sink stream did not deliver every row",
-                      lambda: producer.rows <= _topic_bodies(spark, own_cluster, sink_topic), 240)
+                      lambda: producer.rows <= topic_bodies(spark, own_cluster.namesrv_addr, sink_topic), 240)
             with RemotingClient(timeout=15) as client:
                 ends = {(b, i): rq.max_offset(client, own_cluster.brokers[b].addr, topic, i)
                         for b in ("broker-a", "broker-b") for i in range(QUEUES)}
@@ -425,8 +413,3 @@ def _wait_sent(producer: _Producer, count: int, broker: str | None = None, timeo
         assert producer.is_alive() and time.monotonic() < deadline, f"{broker or 'the brokers'} took no {count} messages"
         time.sleep(0.2)
     return producer.snapshot()
-
-
-def _topic_bodies(spark, cluster, topic: str) -> set[str]:
-    df = spark.read.format("rmq").options(namesrvAddr=cluster.namesrv_addr, topic=topic).load()
-    return {bytes(r.body).decode() for r in df.select("body").collect()}

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import BROKER_LINES, distinct_timeout, running_cluster
 from fault_helpers.queries import wait_alive
-from fault_helpers.sinks import sink_bodies
+from fault_helpers.sinks import body_streams, sink_bodies
 from rmq_source.errors import RmqRemotingError
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import native_pull
@@ -194,16 +194,10 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
     topic, sent = _fill(cluster, "broker-f", FAILOVER_QUEUES, BEFORE)
     before = {b for bodies in sent.values() for b in bodies}
     group, ordered_group = f"Failover_{uuid.uuid4().hex[:8]}", f"FailoverOrdered_{uuid.uuid4().hex[:8]}"
-    streams = {}
-    for kind, options in (("no-group", {}), ("unordered", {"consumerGroup": group, "orderly": "false"}),
-                          ("ordered", {"consumerGroup": ordered_group})):
-        sink = tmp_path / f"sink-{kind}"
-        streams[kind] = (spark.readStream.format("rmq")
-                         .options(namesrvAddr=cluster.namesrv_addr, topic=topic, startingOffsets="earliest",
-                                  maxMessagesPerTrigger="20", **options)
-                         .load().select("body").writeStream.format("parquet").option("path", str(sink))
-                         .option("checkpointLocation", str(tmp_path / f"chk-{kind}"))
-                         .trigger(processingTime="1 second").start()), sink
+    streams = body_streams(spark, tmp_path, cluster.namesrv_addr, topic, {
+        kind: {"maxMessagesPerTrigger": "20", **options} for kind, options in (
+            ("no-group", {}), ("unordered", {"consumerGroup": group, "orderly": "false"}),
+            ("ordered", {"consumerGroup": ordered_group}))})
     queries = [q for q, _ in streams.values()]
     try:
         for kind, (q, sink) in streams.items():

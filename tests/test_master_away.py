@@ -160,3 +160,23 @@ def test_a_slaves_offsets_decide_no_loss_and_no_recreation(wanted):
     assert logged_range_start(MQ, 10, 25, slave_info, True) == 10
     with pytest.raises(RmqDataLossError):
         logged_range_start(MQ, 10, 25, master_info, True)
+
+
+@pytest.mark.parametrize("code, error, text", [
+    # a master that has not heard of the group (elected before its config sync): kept, as if away
+    (26, RmqBrokerUnavailableError, "does not know the group or topic yet .*; peer: .* \\(broker-a master\\)"),
+    (17, RmqBrokerUnavailableError, "does not know the group or topic yet"),
+    # any other refusal of the master is the query's to judge
+    (1, RmqBrokerError, "refused"),
+])
+def test_a_group_commit_a_new_master_cannot_take_yet_is_kept(monkeypatch, code, error, text):
+    from rmq_source.remote.offset_store import BrokerOffsetStore
+    cluster = _Cluster(True, {})
+    backend = _backend(cluster)
+
+    def refuse(client, addr, group, topic, queue_id, offset):
+        raise RmqBrokerError("refused", code=code, peer=addr)
+    monkeypatch.setattr(rq, "update_consumer_offset", refuse)
+    with pytest.raises(error, match=text) as info:
+        BrokerOffsetStore(None, "G", backend)._write_broker("broker-a", {MQ: 5})
+    assert info.type is error

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from rmq_source.errors import RmqBrokerError, RmqMasterAwayError
+from rmq_source.errors import RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import OffsetTable
 from rmq_source.remote import requests as rq
 from rmq_source.remote.client import RemotingClient
+
+
+#: what a master answers a group commit for a group or topic it has not heard of
+_NOT_KNOWN_YET = (rq.SUBSCRIPTION_GROUP_NOT_EXIST, rq.TOPIC_NOT_EXIST)
 
 
 class BrokerOffsetStore(OffsetTable):
@@ -59,7 +63,20 @@ class BrokerOffsetStore(OffsetTable):
 
         on_slave = []
         for mq, offset in sorted(entries.items()):
-            said = self.backend._call(broker, lambda addr: write(addr, mq, offset), slave_ok=True)
+            try:
+                said = self.backend._call(broker, lambda addr: write(addr, mq, offset), slave_ok=True)
+            except RmqBrokerError as exc:
+                if exc.code not in _NOT_KNOWN_YET:
+                    raise
+                # a master that does not know the group or topic yet: one just elected before
+                # its last config sync (5.x controller mode), or a 5.x broker before the group's
+                # first heartbeat there (which creates the group): not taken yet, as if away
+                not_yet = RmqBrokerUnavailableError(
+                    f"consumer group {self.group!r}: broker {broker} does not know the group or "
+                    f"topic yet ({exc.reason}); its progress is kept until it does",
+                    peer=exc.peer, request=exc.request)
+                not_yet.name_peer(exc.peer_role)
+                raise not_yet from exc
             if said is not None:
                 on_slave.append(said)
         if on_slave:

@@ -66,7 +66,9 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                               "live brokers need enablePropertyFilter=true."),
     "consumerGroup": ("none",
                       "Consumer group whose progress is read (startingOffsets=group) and "
-                      "committed. Characters [%|a-zA-Z0-9_-]."),
+                      "committed. Characters [%|a-zA-Z0-9_-]. With namesrvAddr a streaming query "
+                      "also reads the retry queues %RETRY%<group> it is allocated (messages the "
+                      "group's Java consumers sent back)."),
     "startingOffsets": ("streaming: group with consumerGroup, else latest; batch: earliest",
                         'earliest, latest (streaming only), group (needs consumerGroup), or JSON '
                         '{"topic":{"broker":{"queueId":offset}}} with -2 = earliest, -1 = latest '

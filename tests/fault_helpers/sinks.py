@@ -58,3 +58,33 @@ def committed_keys(sink: Path) -> Counter:
         t = pq.read_table(path, columns=["queueId", "queueOffset"])
         keys.update(zip(t.column("queueId").to_pylist(), t.column("queueOffset").to_pylist()))
     return keys
+
+
+def topic_bodies(spark, namesrv: str, topic: str) -> set[str]:
+    """The bodies (text) of every message of ``topic`` in the cluster, read with the source."""
+    df = spark.read.format("rmq").options(namesrvAddr=namesrv, topic=topic).load()
+    return {bytes(r.body).decode() for r in df.select("body").collect()}
+
+
+def body_streams(spark, folder: Path, namesrv: str, topic: str, kinds: dict[str, dict]) -> dict:
+    """One stream per kind reading ``topic`` from the earliest offsets with the kind's options,
+    its bodies into the parquet sink ``folder/sink-<kind>`` (checkpoint ``folder/chk-<kind>``),
+    a batch a second: {kind: (query, sink folder)}."""
+    streams = {}
+    for kind, options in kinds.items():
+        name = kind.replace(" ", "-")
+        sink = folder / f"sink-{name}"
+        streams[kind] = (spark.readStream.format("rmq")
+                         .options(namesrvAddr=namesrv, topic=topic, startingOffsets="earliest", **options)
+                         .load().select("body").writeStream.format("parquet").option("path", str(sink))
+                         .option("checkpointLocation", str(folder / f"chk-{name}"))
+                         .trigger(processingTime="1 second").start()), sink
+    return streams
+
+
+def rows_stream(spark, rows_dir: Path, namesrv: str, topic: str, checkpoint: Path):
+    """A sink stream sending the ``body`` of the JSON rows files appearing in ``rows_dir`` to
+    ``topic``, a batch a second."""
+    return (spark.readStream.schema("body string").json(str(rows_dir))
+            .writeStream.format("rmq").option("namesrvAddr", namesrv).option("topic", topic)
+            .option("checkpointLocation", str(checkpoint)).trigger(processingTime="1 second").start())
