@@ -25,6 +25,7 @@ from rocketmq_cluster import free_port
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 QUEUES, BEFORE, AFTER, NODES = 4, 100, 40, 3
+DELETE_SUBSCRIPTIONGROUP = 207   # RocketMQ's request code
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,7 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
             wait_alive(queries, f"{kind}: no first batch", lambda: sink_bodies(sink), 180)
         read_before = {kind: len(sink_bodies(sink)) for kind, (q, sink) in streams.items()}
         assert _nodes(cluster)[0] == old.addr, "the master changed before the kill"
+        _forget_groups_on_slaves(cluster, old, groups.values())
         killed_at = time.monotonic()
         old.kill()                                                   # SIGKILL the master
         assert all(n < len(before) for n in read_before.values()), read_before
@@ -132,6 +134,19 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
     finally:
         for q in queries:
             q.stop()
+
+
+def _forget_groups_on_slaves(cluster, master, groups) -> None:
+    """The slaves forget the groups (made on the master by the queries' heartbeats), as a slave
+    elected before its next config sync (every 10 s) has not heard of them: the elected one
+    refuses the queries' commits ("Group ... not exist") until their heartbeats make the group
+    there. (A retry topic it lacks is left out of planning meanwhile: test_master_away.py; these
+    brokers cannot delete a topic, their timer store being off.)"""
+    with RemotingClient(timeout=15) as client:
+        for node in cluster.brokers.values():
+            if node is not master:
+                for group in groups:
+                    client.invoke(node.addr, DELETE_SUBSCRIPTIONGROUP, {"groupName": group, "cleanOffset": "false"})
 
 
 def _send(client, master: str, topic: str, queue: int, first: int, count: int) -> list[bytes]:

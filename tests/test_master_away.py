@@ -180,3 +180,24 @@ def test_a_group_commit_a_new_master_cannot_take_yet_is_kept(monkeypatch, code, 
     with pytest.raises(error, match=text) as info:
         BrokerOffsetStore(None, "G", backend)._write_broker("broker-a", {MQ: 5})
     assert info.type is error
+
+
+@pytest.mark.parametrize("topic, error", [
+    # a group's retry topic a just-elected master has not made yet: its queues wait, no error
+    ("%RETRY%G", None),
+    # any other topic the master does not know is the query's to judge
+    ("T", RmqBrokerError),
+])
+def test_a_retry_topic_a_new_master_lacks_leaves_its_queues_out(monkeypatch, topic, error):
+    cluster = _Cluster(True, {})
+    backend = _backend(cluster)
+
+    def no_topic(client, addr, name):
+        raise RmqBrokerError(f"topic[{name}] not exist", code=17, peer=addr)
+    monkeypatch.setattr(rq, "topic_stats", no_topic)
+    mqs = [MessageQueue(topic, "broker-a", 0)]
+    if error is None:
+        assert backend.infos_reachable(mqs) == ({}, {})
+    else:
+        with pytest.raises(error, match="not exist"):
+            backend.infos_reachable(mqs)

@@ -40,7 +40,7 @@ from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailabl
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
-from rmq_source.group.retry import retry_topic
+from rmq_source.group.retry import is_retry_topic, retry_topic
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
@@ -345,7 +345,8 @@ class ClusterBackend(Backend):
                         ) -> tuple[dict[MessageQueue, QueueInfo], dict[str, Exception]]:
         """One GET_TOPIC_STATS_INFO per broker and topic. A broker that stays unreachable (or
         without a master in the NameServers' view) after the retries is in the second dict with
-        its error; its queues are not in the first."""
+        its error; its queues are not in the first. Neither are the queues of a group's retry
+        topic on a broker that has not made it yet."""
         mqs = list(mqs)
         groups: dict[tuple[str, str], list[MessageQueue]] = {}
         for mq in mqs:
@@ -361,6 +362,13 @@ class ClusterBackend(Backend):
             except _UNREACHABLE as exc:
                 down[broker] = exc
                 continue
+            except RmqBrokerError as exc:
+                if exc.code == rq.TOPIC_NOT_EXIST and is_retry_topic(topic):
+                    # not made on this broker yet (a master elected before its config sync):
+                    # the group's next heartbeat makes it; its queues wait until then
+                    log.info("broker %s has no %s yet: its queues wait", broker, topic)
+                    continue
+                raise
             slave = None if self.is_master(broker, addr) else addr
             for mq in group:
                 s = stats.get(mq.queue_id)
