@@ -673,3 +673,15 @@ class Cluster:
 
     def alive(self) -> bool:
         return self.namesrv.alive() and all(b.alive() for b in self.brokers.values())
+
+
+def send_numbered(client, broker: str, topic: str, queue: int, first: int, count: int) -> list[bytes]:
+    """Send messages ``<topic>-<queue>-<i>`` for i in ``[first, first + count)`` to ``queue`` of
+    ``broker`` (an address), 50 to a batch, tagged ``a``/``b`` by parity of i; their bodies."""
+    from rmq_source.remote import requests as rq
+    bodies = [f"{topic}-{queue}-{i}".encode() for i in range(first, first + count)]
+    for start in range(0, count, 50):
+        rq.send_batch(client, broker, topic, [{"body": b, "tags": "ab"[i % 2]} for i, b in
+                                              enumerate(bodies[start:start + 50], first + start)],
+                      queue_id=queue)
+    return bodies

@@ -20,7 +20,7 @@ from fault_helpers.queries import wait_alive
 from fault_helpers.sinks import body_streams, rows_stream, sink_bodies, topic_bodies
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
-from rocketmq_cluster import free_port
+from rocketmq_cluster import free_port, send_numbered
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -87,7 +87,7 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
             for node in cluster.brokers.values():
                 rq.create_topic(client, node.addr, t, read_queues=QUEUES)
             cluster.create_topic(client, t, QUEUES, broker=next(k for k, b in cluster.brokers.items() if b is old))
-        before = {b for q in range(QUEUES) for b in _send(client, old.addr, topic, q, 0, BEFORE)}
+        before = {b for q in range(QUEUES) for b in send_numbered(client, old.addr, topic, q, 0, BEFORE)}
     rows = set()
 
     def write_rows(name: str, count: int) -> None:
@@ -117,7 +117,7 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
         print(f"controller mode: a new master ({nodes[0]}) routed {pause:.1f} s after the kill")
         new = _master(cluster)
         with RemotingClient(timeout=15) as client:
-            after = {b for q in range(QUEUES) for b in _send(client, new.addr, topic, q, BEFORE, AFTER)}
+            after = {b for q in range(QUEUES) for b in send_numbered(client, new.addr, topic, q, BEFORE, AFTER)}
             write_rows("after", 50)
             for kind, (q, sink) in streams.items():
                 wait_alive(queries, f"{kind}: not every message arrived after the election",
@@ -147,10 +147,3 @@ def _forget_groups_on_slaves(cluster, master, groups) -> None:
             if node is not master:
                 for group in groups:
                     client.invoke(node.addr, DELETE_SUBSCRIPTIONGROUP, {"groupName": group, "cleanOffset": "false"})
-
-
-def _send(client, master: str, topic: str, queue: int, first: int, count: int) -> list[bytes]:
-    bodies = [f"{topic}-{queue}-{i}".encode() for i in range(first, first + count)]
-    for start in range(0, count, 50):
-        rq.send_batch(client, master, topic, [{"body": b} for b in bodies[start:start + 50]], queue_id=queue)
-    return bodies

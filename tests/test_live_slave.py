@@ -22,6 +22,7 @@ from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.backend import ClusterBackendSpec
 from rmq_source.group.allocation import MessageQueue
+from rocketmq_cluster import send_numbered
 
 pytestmark = [pytest.mark.broker]
 
@@ -59,7 +60,7 @@ def _fill(cluster, broker: str = "broker-a", queues: int = QUEUES, per_queue: in
         if not cluster.brokers[broker].is_v4:
             rq.create_topic(client, slave, topic, read_queues=queues)
         for q in range(queues):
-            sent[q] = _send(client, master, topic, q, 0, per_queue)
+            sent[q] = send_numbered(client, master, topic, q, 0, per_queue)
         deadline = time.monotonic() + 60
         for q in range(queues):
             while True:
@@ -72,15 +73,6 @@ def _fill(cluster, broker: str = "broker-a", queues: int = QUEUES, per_queue: in
                 assert time.monotonic() < deadline, f"queue {q} never reached the slave"
                 time.sleep(0.5)
     return topic, sent
-
-
-def _send(client, master: str, topic: str, queue: int, first: int, count: int) -> list[bytes]:
-    bodies = [f"{topic}-{queue}-{i}".encode() for i in range(first, first + count)]
-    for start in range(0, count, 50):
-        rq.send_batch(client, master, topic, [{"body": b, "tags": "ab"[i % 2]} for i, b in
-                                              enumerate(bodies[start:start + 50], first + start)],
-                      queue_id=queue)
-    return bodies
 
 
 class _Spy:
@@ -219,7 +211,7 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
         with RemotingClient(timeout=15) as client:
             master = cluster.brokers["broker-f"].addr
             after = {b for q in range(FAILOVER_QUEUES)
-                     for b in _send(client, master, topic, q, BEFORE, AFTER)}
+                     for b in send_numbered(client, master, topic, q, BEFORE, AFTER)}
             for kind, (q, sink) in streams.items():
                 wait_alive(queries, f"{kind}: the master's new messages never arrived",
                       lambda: set(sink_bodies(sink)) >= before | after, 180)

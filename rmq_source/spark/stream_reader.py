@@ -87,14 +87,12 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets -----------------------------------------------------------------------------
     def _queues(self, known=()) -> list[MessageQueue]:
-        """The queues of the query's topics, with its group's retry topic where the group has
-        other clients that send messages back (live mode, a subscription by topic), plus
-        ``known`` ones gone from the route."""
+        """The queues of the query's topics, with its group's retry queues (live mode, a
+        subscription by topic; a pattern may match them too), plus ``known`` ones gone from the
+        route."""
         found = discover_queues(self.backend, self.opts)
         if self.opts.consumer_group and self.opts.assign is None:
-            have = set(found)
-            found = found + [mq for mq in self.backend.retry_queues(self.opts.consumer_group)
-                             if mq not in have]
+            found = found + self.backend.retry_queues(self.opts.consumer_group)
         have = set(found)
         extra = [mq for mq in known if mq not in have]
         return sort_queues(have.union(extra) if extra or len(have) != len(found) else found)
