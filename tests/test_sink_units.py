@@ -1,6 +1,8 @@
 """The sink's parts that need no broker: options, columns, queue choice, UNIQ_KEY, batch encoding."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, strategies as st
 from pyspark.sql import types as T
@@ -203,3 +205,52 @@ def test_spark_hands_the_c_encoder_the_arrow_types_it_takes(spark, schema, c_pat
             spark.conf.set(conf, before)
     assert got and all(r.ok is c_path for r in got), got
     assert all(("large_" in r.types) is large for r in got), got     # the setting took
+
+
+SINK_DOC = Path(__file__).resolve().parents[1] / "docs" / "sink.md"
+
+
+def _batch_write(mode):
+    def write(spark, tmp_path):
+        w = spark.createDataFrame([("a",)], "body string").write.format("rmq")
+        (w.mode(mode) if mode else w).option("namesrvAddr", NS["namesrvAddr"]).option("topic", "T").save()
+    return write
+
+
+def _stream_write(output_mode):
+    def write(spark, tmp_path):
+        rows = spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+        if output_mode == "complete":
+            rows = rows.groupBy("value").count()
+        q = (rows.selectExpr("cast(value as string) AS body").writeStream.format("rmq")
+             .outputMode(output_mode).option("namesrvAddr", NS["namesrvAddr"]).option("topic", "T")
+             .option("checkpointLocation", str(tmp_path / "chk")).start())
+        try:
+            q.awaitTermination(300)
+            raise q.exception() or AssertionError("the stream did not fail within 300 s")
+        finally:
+            q.stop()
+    return write
+
+
+@pytest.mark.parametrize("write, documented", [
+    (_batch_write(None), '[UNSUPPORTED_DATA_SOURCE_SAVE_MODE] The data source "rmq" cannot be written '
+                         'in the "ErrorIfExists" mode.'),
+    (_batch_write("error"), '[UNSUPPORTED_DATA_SOURCE_SAVE_MODE] The data source "rmq" cannot be written '
+                            'in the "ErrorIfExists" mode.'),
+    (_batch_write("ignore"), '[UNSUPPORTED_DATA_SOURCE_SAVE_MODE] The data source "rmq" cannot be written '
+                             'in the "Ignore" mode.'),
+    (_batch_write("overwrite"), "RmqOptionError: the rmq sink only appends: a RocketMQ topic cannot be "
+                                "overwritten (use mode('append'))"),
+    (_stream_write("complete"), "RmqOptionError: the rmq sink only appends"),
+    (_stream_write("update"), "rmq does not support Update mode"),
+], ids=["default", "error", "ignore", "overwrite", "stream-complete", "stream-update"])
+def test_save_modes_fail_with_the_text_docs_sink_md_shows(spark, tmp_path, write, documented):
+    """Only append writes (docs/sink.md "Save modes"): every other mode fails before a row is sent,
+    with the error docs/sink.md quotes."""
+    from rmq_source.spark.datasource import RocketMQDataSource
+    spark.dataSource.register(RocketMQDataSource)
+    assert f"`{documented}" in SINK_DOC.read_text(encoding="utf-8")
+    with pytest.raises(Exception) as err:
+        write(spark, tmp_path)
+    assert documented in str(err.value)
