@@ -9,6 +9,7 @@ Dependencies come from the package index, through pip's cache.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -51,9 +52,7 @@ def _run(cmd, *, env=None, cwd=None, timeout=600) -> str:
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> dict[str, Path]:
-    try:
-        import build  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("build") is None:
         missing("the 'build' package (the test extra) is not installed")
     work = tmp_path_factory.mktemp("packaging")
     src = work / "src"
