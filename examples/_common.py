@@ -37,22 +37,28 @@ def generate(store: Path, *, topic: str, queues: int, messages: int, body_size: 
 
 
 def table(rows: list[dict], title: str | None = None) -> str:
-    """A small aligned text table of dict rows (same keys), for people to read."""
+    """Dict rows (same keys) in the table format of ``rmq-store`` (first column left-aligned)."""
+    from rmq_source.group.report import table_lines
+
     if title:
         print(f"\n== {title}")
     if not rows:
         print("(no rows)")
         return ""
     cols = list(rows[0])
-    cells = [[("" if r[c] is None else str(r[c])) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.rjust(w) if v.lstrip("-").isdigit() else v.ljust(w)
-                        for v, w in zip(row, widths)) for row in cells]
-    text = "\n".join(lines)
+    text = "\n".join(table_lines(cols, [["-" if r[c] is None else r[c] for c in cols] for r in rows]))
     print(text)
     return text
+
+
+def show_lag(store: Path, group: str, topic: str, title: str) -> None:
+    """The group's lag on ``topic`` in the table ``rmq-store lag STORE --group G --topic T`` prints."""
+    from rmq_source.group.progress import group_lag
+    from rmq_source.group.report import lag_lines
+    from rmq_source.store.backend import StoreBackend
+
+    print(f"\n== {title}")
+    print("\n".join(lag_lines(group_lag(StoreBackend({"broker-a": str(store)}), group, [topic]))))
 
 
 def stream_to_parquet(spark, options: dict, out: Path):

@@ -13,24 +13,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
 from pathlib import Path
 
-from _common import generate, local_spark, table
+from _common import generate, local_spark, show_lag, table
 
-from rmq_source.group.progress import group_lag, reset_group
+from rmq_source.group.offset_store import ReadOffsetType
+from rmq_source.group.progress import reset_group
+from rmq_source.group.report import reset_lines
 from rmq_source.store.backend import StoreBackend
 from rmq_source.store.reader import Store
 
 TOPIC, GROUP = "Orders", "lake-loader"
-
-
-def lag_rows(store: Path) -> list[dict]:
-    return [{"queue": f"{r.topic}/{r.broker_name}/{r.queue_id}", "brokerOffset": r.broker_offset,
-             "consumerOffset": r.consumer_offset, "lag": r.diff,
-             "lastConsumedAt": (time.strftime("%H:%M:%S", time.gmtime(r.last_timestamp / 1000))
-                                if r.last_timestamp else None)}
-            for r in group_lag(StoreBackend({"broker-a": str(store)}), GROUP, [TOPIC])]
 
 
 def stream_once(spark, store: Path, sink: Path, checkpoint: Path) -> list[dict]:
@@ -60,7 +53,7 @@ def main() -> None:
     generate(store, topic=TOPIC, queues=4, messages=args.messages, extra=["--seed", "1"])
     spark = local_spark("rmq_source demo")
 
-    table(lag_rows(store), f"2) lag of group {GROUP} before the first query")
+    show_lag(store, GROUP, TOPIC, f"2) lag of group {GROUP} before the first query")
 
     with Store(store) as s:  # the time span of the generated messages, for the backfill below
         def ts(offset):
@@ -69,10 +62,10 @@ def main() -> None:
 
     table(stream_once(spark, store, sink, chk), "3) streaming into parquet (micro-batches)")
     print(f"   parquet sink rows: {spark.read.parquet(str(sink)).count()}")
-    table(lag_rows(store), f"   lag of group {GROUP} after the query committed")
+    show_lag(store, GROUP, TOPIC, f"   lag of group {GROUP} after the query committed")
 
     generate(store, topic=TOPIC, queues=4, messages=2_000, extra=["--seed", "2", "--no-progress"])
-    table(lag_rows(store), "   2,000 new messages arrived: lag")
+    show_lag(store, GROUP, TOPIC, "   2,000 new messages arrived: lag")
     table(stream_once(spark, store, sink, chk), "   the same query resumes from its checkpoint")
     print(f"   parquet sink rows: {spark.read.parquet(str(sink)).count()}")
 
@@ -83,10 +76,13 @@ def main() -> None:
     rows = [r.asDict() for r in window.groupBy("tags").count().orderBy("tags").collect()]
     table(rows, f"4) backfill of [{start_ms}, {end_ms}) ms by storeTimestamp: messages per tag")
 
-    reset = reset_group(StoreBackend({"broker-a": str(store)}), GROUP, TOPIC, timestamp_ms=end_ms)
-    table([{"queue": str(mq), "newOffset": o} for mq, o in reset.items()],
-          f"5) reset group {GROUP} to timestamp {end_ms}")
-    table(lag_rows(store), "   lag after the reset")
+    backend = StoreBackend({"broker-a": str(store)})
+    before = backend.offset_store(GROUP).read_offsets(backend.queues_for_topics([TOPIC]),
+                                                      ReadOffsetType.READ_FROM_STORE)
+    reset = reset_group(backend, GROUP, TOPIC, timestamp_ms=end_ms)
+    print(f"\n== 5) reset group {GROUP} to timestamp {end_ms} (as rmq-store reset-offset prints it)")
+    print("\n".join(reset_lines(before, reset)))
+    show_lag(store, GROUP, TOPIC, "   lag after the reset")
     spark.stop()
     print(f"\ndone: store, sink and checkpoint are in {work}")
 

@@ -12,15 +12,10 @@ import argparse
 import json
 from pathlib import Path
 
-from _common import generate, local_spark, table
+from _common import generate, local_spark, show_lag
 
-from rmq_source.group.progress import group_lag, reset_group
+from rmq_source.group.progress import reset_group
 from rmq_source.store.backend import StoreBackend
-
-
-def lag(store: Path, group: str, topic: str) -> list[dict]:
-    return [{"queue": r.queue_id, "brokerOffset": r.broker_offset, "consumerOffset": r.consumer_offset,
-             "lag": r.diff} for r in group_lag(StoreBackend({"broker-a": str(store)}), group, [topic])]
 
 
 def main() -> None:
@@ -36,7 +31,7 @@ def main() -> None:
         generate(store, topic=args.topic, queues=2, messages=1_000, extra=["--no-progress"])
 
     new = reset_group(StoreBackend({"broker-a": str(store)}), args.group, args.topic, to="earliest")
-    table(lag(store, args.group, args.topic), f"group {args.group} reset to earliest")
+    show_lag(store, args.group, args.topic, f"group {args.group} reset to earliest")
 
     spark = local_spark("reset offsets")
     # A new query of the group with explicit offsets: they win over the group's progress.
@@ -47,7 +42,7 @@ def main() -> None:
          .trigger(availableNow=True).start())
     q.awaitTermination()
     print(f"query from offset 100 read {sum(p['numInputRows'] for p in q.recentProgress)} messages")
-    table(lag(store, args.group, args.topic), "group progress after that query committed")
+    show_lag(store, args.group, args.topic, "group progress after that query committed")
     spark.stop()
 
 

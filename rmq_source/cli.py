@@ -252,6 +252,7 @@ def _generate(args) -> int:
 # --------------------------------------------------------------------------------------- topics
 
 def _topics(args) -> int:
+    from rmq_source.group.report import table_lines
     from rmq_source.store.backend import StoreBackend
 
     backend = _live_backend(args) or StoreBackend({args.broker_name: os.path.abspath(args.store)})
@@ -271,7 +272,7 @@ def _topics(args) -> int:
     if live:
         rows = [(mq.topic, mq.broker_name, mq.queue_id, infos[mq].min_offset, infos[mq].max_offset,
                  infos[mq].max_offset - infos[mq].min_offset) for mq in mqs]
-        print("\n".join(_table_lines(("TOPIC", "BROKER", "QUEUE", "MIN", "MAX", "MESSAGES"), rows,
+        print("\n".join(table_lines(("TOPIC", "BROKER", "QUEUE", "MIN", "MAX", "MESSAGES"), rows,
                                      left=2)))
         return EXIT_OK
     width = max(len("TOPIC"), *(len(mq.topic) for mq in mqs))
@@ -427,22 +428,9 @@ def _group_backend(args):
     return StoreBackend(brokers, path), root, path
 
 
-def _ms_text(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
-
-
-def _table_lines(header: Sequence[str], rows: list[Sequence], left: int = 1) -> list[str]:
-    """Aligned columns; the first ``left`` columns left-aligned, the others right-aligned."""
-    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) if i < left else c.rjust(w)
-                      for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
-
-
 def _lag(args) -> int:
     from rmq_source.group.progress import group_lag
+    from rmq_source.group.report import lag_lines
 
     backend, root, path = _group_backend(args)
     if args.topic is not None:
@@ -470,14 +458,7 @@ def _lag(args) -> int:
         print(f"group {args.group!r} has no offsets on broker {args.broker_name!r} (offset store "
               f"{path}, {root}/config/consumerOffset.json); give --topic T to see a topic's backlog")
         return EXIT_OK
-    header = ("TOPIC", "BROKER", "QUEUE", "BROKER_OFFSET", "CONSUMER_OFFSET", "DIFF",
-              "LAST_CONSUMED")
-    rows = [(q.topic, q.broker_name, q.queue_id, q.broker_offset,
-             q.consumer_offset if q.consumer_offset >= 0 else "-", q.diff,
-             _ms_text(q.last_timestamp)) for q in lags]
-    lines = _table_lines(header, rows, left=2)
-    print("\n".join(lines))
-    print(f"total diff: {sum(q.diff for q in lags)} ({len(lags)} queues)")
+    print("\n".join(lag_lines(lags)))
     return EXIT_OK
 
 
@@ -534,6 +515,7 @@ def _in_use_text(group: str, live: list[str], held: dict[str, str]) -> str:
 def _reset(args) -> int:
     from rmq_source.group.offset_store import ReadOffsetType
     from rmq_source.group.progress import reset_group
+    from rmq_source.group.report import reset_lines
 
     backend, root, path = _group_backend(args)
     offsets = None
@@ -570,10 +552,7 @@ def _reset(args) -> int:
                               "queueId": mq.queue_id, "previousOffset": before.get(mq, -1),
                               "offset": value}, ensure_ascii=False))
         return EXIT_OK
-    rows = [(mq.topic, mq.broker_name, mq.queue_id,
-             before.get(mq, -1) if before.get(mq, -1) >= 0 else "-", value)
-            for mq, value in sorted(written.items())]
-    print("\n".join(_table_lines(("TOPIC", "BROKER", "QUEUE", "PREVIOUS", "NEW"), rows, left=2)))
+    print("\n".join(reset_lines(before, written)))
     print(f"reset consumer group {args.group!r} on topic {args.topic!r}: {len(written)} queues "
           f"written to {group_store.file_path(args.broker_name) if path else 'the brokers'}")
     return EXIT_OK

@@ -110,7 +110,7 @@ def test_oracle_allocation(case, key):
 def test_oracle_message_queue_string_and_order(case):
     _need_oracle(case)
     mq_all = mqs(case["mqAll"])
-    assert [str(mq) for mq in mq_all] == case["mqAllToString"]
+    assert [mq.java_string() for mq in mq_all] == case["mqAllToString"]
     # RocketMQ's RebalanceImpl sorted both lists before allocating.
     assert sorted(reversed(mq_all)) == mq_all
     assert sorted(reversed(case["cidAll"]), key=java_string_key) == case["cidAll"]
@@ -128,7 +128,8 @@ def test_oracle_covers_every_strategy():
 
 def test_message_queue_str_equality_and_hash():
     mq = MessageQueue("T", "room1@broker-a", 7)
-    assert str(mq) == "MessageQueue [topic=T, brokerName=room1@broker-a, queueId=7]"
+    assert mq.java_string() == "MessageQueue [topic=T, brokerName=room1@broker-a, queueId=7]"
+    assert str(mq) == "T/room1@broker-a/7"
     assert mq == MessageQueue("T", "room1@broker-a", 7)
     assert len({mq, MessageQueue("T", "room1@broker-a", 7), MessageQueue("T", "room1@broker-a", 8)}) == 2
     assert mq != ("T", "room1@broker-a", 7)
@@ -368,7 +369,7 @@ def test_ring_keys_are_cid_dash_replica_and_repeat_cids_continue():
 
     mq_all = _queues(2)
     AllocateMessageQueueConsistentHash(2, recording).allocate("G", "a", mq_all, ["a", "b", "a"])
-    assert seen == ["a-0", "a-1", "b-0", "b-1", "a-2", "a-3"] + [str(mq) for mq in mq_all]
+    assert seen == ["a-0", "a-1", "b-0", "b-1", "a-2", "a-3"] + [mq.java_string() for mq in mq_all]
 
 
 def test_ring_collisions_overwrite_and_replica_count_follows_the_ring():
@@ -391,7 +392,7 @@ def test_ring_collisions_overwrite_and_replica_count_follows_the_ring():
 def test_ring_ceiling_is_inclusive_and_wraps_to_smallest_point():
     mq_all = _queues(6)
     points = {"a-0": 100, "b-0": 200}
-    points.update({str(mq): h for mq, h in zip(mq_all, [50, 100, 150, 200, 250, -5])})
+    points.update({mq.java_string(): h for mq, h in zip(mq_all, [50, 100, 150, 200, 250, -5])})
     strategy = AllocateMessageQueueConsistentHash(1, points.__getitem__)
     assert strategy.allocate("G", "a", mq_all, ["a", "b"]) == [mq_all[i] for i in (0, 1, 4, 5)]
     assert strategy.allocate("G", "b", mq_all, ["a", "b"]) == [mq_all[2], mq_all[3]]

@@ -67,12 +67,9 @@ def _offsets_json(offsets: dict[int, int]) -> str:
 
 
 def _lost_message(text: str, queue: int, lost: int, first: int) -> bool:
-    """The RmqDataLossError text names (topic, queue) and the exact count and range. (Planning
-    names the queue as MessageQueue [...], a task as topic/broker/queue.)"""
-    named = (f"MessageQueue [topic={TOPIC}, brokerName=broker-a, queueId={queue}]: offsets "
-             f"[{first}, {first + lost}) ({lost} messages)" in text
-             or f"queue {TOPIC}/broker-a/{queue}: offsets [{first}, {first + lost}) "
-                f"({lost} messages)" in text)
+    """The RmqDataLossError text names the queue (topic/broker/queue, in planning and in tasks)
+    and the exact count and range."""
+    named = f"{TOPIC}/broker-a/{queue}: offsets [{first}, {first + lost}) ({lost} messages)" in text
     return "RmqDataLossError" in text and named
 
 

@@ -105,8 +105,7 @@ def test_fail_on_data_loss_names_queue_offsets_and_reason(two_brokers, mutate, l
         _run(reader, parts)
     text = str(info.value)
     broker, queue, first, end = lost[0]      # ranges are read in queue order: the first one fails
-    assert (f"MessageQueue [topic={TOPIC}, brokerName={broker}, queueId={queue}]: offsets "
-            f"[{first}, {end}) ({end - first} messages)") in text
+    assert f"{TOPIC}/{broker}/{queue}: offsets [{first}, {end}) ({end - first} messages)" in text
     assert reason in text and "failOnDataLoss=false" in text
 
 
@@ -123,8 +122,7 @@ def test_without_fail_on_data_loss_the_rest_is_read_and_each_loss_warned(two_bro
     warnings = [r.getMessage() for r in caplog.records if r.name == "rmq_source.spark.partition_reader"]
     assert len(warnings) == len(lost), warnings
     for (broker, queue, first, end), text in zip(lost, warnings):
-        assert (f"brokerName={broker}, queueId={queue}]: offsets [{first}, {end}) "
-                f"({end - first} messages)") in text
+        assert f"/{broker}/{queue}: offsets [{first}, {end}) ({end - first} messages)" in text
         assert reason in text and f"skipped {end - first} messages" in text
 
 
@@ -139,7 +137,7 @@ def test_broker_removed_while_a_task_reads(two_brokers, caplog, fail):
     assert first.column("queueOffset").to_pylist() == [0, 1, 2]
     shutil.rmtree(a)
     if fail:
-        with pytest.raises(RmqDataLossError, match=r"brokerName=brokerA, queueId=0\]: offsets "
+        with pytest.raises(RmqDataLossError, match=r"T/brokerA/0: offsets "
                                                    r"\[3, 10\) \(7 messages\).*store root .* no longer exists"):
             list(rows)
         return
@@ -148,8 +146,7 @@ def test_broker_removed_while_a_task_reads(two_brokers, caplog, fail):
     assert {(r["brokerName"], r["queueId"], r["queueOffset"]) for r in rest} == _all(["brokerB"])
     texts = [r.getMessage() for r in caplog.records if r.name == "rmq_source.spark.partition_reader"]
     assert [t.split(":")[0] for t in texts] == [
-        "MessageQueue [topic=T, brokerName=brokerA, queueId=0]",
-        "MessageQueue [topic=T, brokerName=brokerA, queueId=1]"]
+        "T/brokerA/0", "T/brokerA/1"]
     assert "offsets [3, 10) (7 messages)" in texts[0] and "offsets [0, 10) (10 messages)" in texts[1]
 
 
@@ -166,7 +163,7 @@ def test_spark_tasks_fail_when_a_planned_queue_is_deleted(spark, two_brokers):
         rdd.collect()
     text = str(info.value)
     assert "RmqDataLossError" in text
-    assert ("MessageQueue [topic=T, brokerName=brokerA, queueId=1]: offsets [0, 10) (10 messages) "
+    assert ("T/brokerA/1: offsets [0, 10) (10 messages) "
             "of the planned range [0, 10) cannot be read") in text
 
 

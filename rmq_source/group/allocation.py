@@ -193,6 +193,11 @@ class MessageQueue:
         return mq
 
     def __str__(self) -> str:
+        """How every message, table and error names a queue: ``topic/brokerName/queueId``."""
+        return f"{self.topic}/{self.broker_name}/{self.queue_id}"
+
+    def java_string(self) -> str:
+        """Java's ``MessageQueue.toString()``, which CONSISTENT_HASH hashes (never shown to users)."""
         return (f"MessageQueue [topic={self.topic}, brokerName={self.broker_name}, "
                 f"queueId={self.queue_id}]")
 
@@ -572,7 +577,7 @@ class AllocateMessageQueueConsistentHash(AllocationStrategy):
     The ring holds ``virtual_node_count`` virtual nodes per consumer, keyed ``hash(cid + "-" + i)``
     (i continuing after replicas the consumer already has, so a repeated cid adds more); a later
     node overwrites an earlier one on a hash collision. A queue goes to the first virtual node at
-    or after ``hash(str(mq))``, wrapping to the smallest key. ``hash_function(str) -> int`` (a Java
+    or after ``hash(mq.java_string())``, wrapping to the smallest key. ``hash_function(str) -> int`` (a Java
     long) defaults to :func:`md5_hash`. ``virtual_node_count=0`` allocates nothing.
     """
 
@@ -635,7 +640,7 @@ class AllocateMessageQueueConsistentHash(AllocationStrategy):
             return out
         points = sorted(ring)
         for mq in mqs:
-            at = bisect.bisect_left(points, self._hash(str(mq)))
+            at = bisect.bisect_left(points, self._hash(mq.java_string()))
             out.setdefault(ring[points[at] if at < len(points) else points[0]], []).append(mq)
         return out
 
