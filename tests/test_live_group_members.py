@@ -232,6 +232,8 @@ def test_two_queries_and_a_java_orderly_consumer_share_a_group(spark, group_clus
             deadline = time.monotonic() + 90
             while len(members()) < 3:
                 assert java.poll() is None, java_out.read_text()[-3000:]
+                for q in queries.values():      # a query that died never joins: say why
+                    assert q.exception() is None, q.exception()
                 assert time.monotonic() < deadline, f"the group's members: {members()}"
                 time.sleep(0.5)
             # a member gets its queues once the rebalance that counts it has run everywhere (and
