@@ -105,3 +105,13 @@ def test_revive_restarts_only_queries_spark_could_not_start(query, restarted, fa
     else:
         revive(queries, lambda name: again)
     assert (queries["c1"] is again) == restarted
+
+
+def test_revive_restarts_one_query_per_call():
+    from fault_helpers.queries import revive
+    dead = RuntimeError("Python worker failed to connect back.")
+    queries = {name: _Query(False, dead) for name in ("c1", "c2")}
+    revive(queries, lambda name: _Query(True))
+    assert [q.isActive for q in queries.values()] == [True, False]
+    revive(queries, lambda name: _Query(True))
+    assert [q.isActive for q in queries.values()] == [True, True]
