@@ -247,9 +247,7 @@ def _stream_write(output_mode):
 ], ids=["default", "error", "ignore", "overwrite", "stream-complete", "stream-update"])
 def test_save_modes_fail_with_the_text_docs_sink_md_shows(spark, tmp_path, write, documented):
     """Only append writes (docs/sink.md "Save modes"): every other mode fails before a row is sent,
-    with the error docs/sink.md quotes."""
-    from rmq_source.spark.datasource import RocketMQDataSource
-    spark.dataSource.register(RocketMQDataSource)
+    with the error docs/sink.md quotes (the session fixture registered the source)."""
     assert f"`{documented}" in SINK_DOC.read_text(encoding="utf-8")
     with pytest.raises(Exception) as err:
         write(spark, tmp_path)

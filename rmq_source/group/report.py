@@ -20,6 +20,11 @@ def ms_text(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
+def _offset_text(offset: int) -> str | int:
+    """A committed offset, or ``-`` for none (negative: no progress stored)."""
+    return offset if offset >= 0 else "-"
+
+
 def table_lines(header: Sequence[str], rows: list[Sequence], left: int = 1) -> list[str]:
     """Aligned columns; the first ``left`` columns left-aligned, the others right-aligned."""
     cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
@@ -31,7 +36,7 @@ def table_lines(header: Sequence[str], rows: list[Sequence], left: int = 1) -> l
 def lag_lines(lags: Sequence[QueueLag]) -> list[str]:
     """The lag table (what RocketMQ's ``consumerProgress`` shows) and its total line."""
     rows = [(q.topic, q.broker_name, q.queue_id, q.broker_offset,
-             q.consumer_offset if q.consumer_offset >= 0 else "-", q.diff,
+             _offset_text(q.consumer_offset), q.diff,
              ms_text(q.last_timestamp)) for q in lags]
     return table_lines(LAG_HEADER, rows, left=2) + [
         f"total diff: {sum(q.diff for q in lags)} ({len(lags)} queues)"]
@@ -39,7 +44,6 @@ def lag_lines(lags: Sequence[QueueLag]) -> list[str]:
 
 def reset_lines(before: Mapping[MessageQueue, int], written: Mapping[MessageQueue, int]) -> list[str]:
     """Each reset queue's previous committed offset (``-``: none) and the new one."""
-    rows = [(mq.topic, mq.broker_name, mq.queue_id,
-             before.get(mq, -1) if before.get(mq, -1) >= 0 else "-", value)
+    rows = [(mq.topic, mq.broker_name, mq.queue_id, _offset_text(before.get(mq, -1)), value)
             for mq, value in sorted(written.items())]
     return table_lines(RESET_HEADER, rows, left=2)
