@@ -685,3 +685,19 @@ def send_numbered(client, broker: str, topic: str, queue: int, first: int, count
                                               enumerate(bodies[start:start + 50], first + start)],
                       queue_id=queue)
     return bodies
+
+
+def pull_all(client, addr: str, topic: str, queue_id: int, start: int = 0) -> list:
+    """Every record of one queue from ``start`` to its end, pulled from ``addr`` (32 a pull, consumer
+    group ``cmp_<topic>``, which commits nothing); checks each answer continues the one before."""
+    from rmq_source.remote import requests as rq
+    out, offset = [], start
+    while True:
+        r = rq.pull(client, addr, "cmp_" + topic, topic, queue_id, offset, max_nums=32)
+        if not r.found:
+            assert r.code == rq.PULL_NOT_FOUND or r.next_begin_offset == offset, (r.code, r.remark)
+            return out
+        recs = r.records()
+        assert recs and recs[0].queue_offset == offset
+        out += recs
+        offset = r.next_begin_offset

@@ -19,6 +19,7 @@ import time
 import pytest
 
 import rocketmq_cluster as rc_cluster
+from rocketmq_cluster import pull_all
 from rmq_source.store import record_codec
 from rmq_source.store.bodies import decompress_body
 from rmq_source.remote import RemotingClient
@@ -27,19 +28,6 @@ from rmq_source.store.reader import Store
 from rmq_source.store.writer import StoreWriter
 
 pytestmark = pytest.mark.broker
-
-
-def pull_all(client, addr, topic, queue_id, start=0):
-    out, offset = [], start
-    while True:
-        r = rq.pull(client, addr, "cmp_" + topic, topic, queue_id, offset, max_nums=32)
-        if not r.found:
-            assert r.code == rq.PULL_NOT_FOUND or r.next_begin_offset == offset, (r.code, r.remark)
-            return out
-        recs = r.records()
-        assert recs and recs[0].queue_offset == offset
-        out += recs
-        offset = r.next_begin_offset
 
 
 def store_rows(store_root, broker_name, topic, queue_id):
