@@ -14,6 +14,7 @@ import pytest
 
 from fault_helpers.queries import revive
 from fault_helpers.sinks import union_of_sinks
+from rmq_source.errors import RmqLockError
 from rmq_source.group.locks import find_lock_overlaps, read_history
 from rmq_source.store.writer import StoreWriter
 from store_builder import append_messages, build_store
@@ -49,6 +50,23 @@ def _wait_for(tmp_path, names, expected, queries, start, timeout=300):
     raise AssertionError(f"the group did not consume everything in {timeout}s; missing e.g. {missing}")
 
 
+def _wait_until_locking(store, client, queries, start, timeout=300):
+    """Wait until ``client`` has taken a queue lock (the group's lock history names it): a query
+    that joins late must get queues before the test can say it shared them, however long Spark
+    takes to start it on a loaded machine."""
+    deadline = time.time() + timeout
+    while True:
+        revive(queries, start)
+        try:
+            if client in {r["client"] for r in read_history(store / "rmq_source_offsets", GROUP)}:
+                return
+        except RmqLockError:            # a line being appended right now: read again
+            pass
+        if time.time() > deadline:
+            raise AssertionError(f"{client} took no queue lock in {timeout}s")
+        time.sleep(1)
+
+
 def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path):
     store = tmp_path / "store"
     written = build_store(store, topics=(("Group16", 16, 320),))
@@ -72,6 +90,7 @@ def test_queries_of_a_group_split_the_queues_and_hand_them_over(spark, tmp_path)
     threading.Thread(target=produce, daemon=True).start()
     time.sleep(4)
     queries["c3"] = start("c3")
+    _wait_until_locking(store, "c3", queries, start)
     assert writer_done.wait(60)
     expected |= {(w.queue_id, w.queue_offset) for w in more}
     names = ["c1", "c2", "c3"]

@@ -144,7 +144,7 @@ def packed_env(wheel_venv, dists) -> Path:
     """The wheel's venv packed by venv-pack2 (docs/deploy.md): ``env.tar.gz``, unpacked by Spark
     as ``./environment`` where its executors run. A ``.tar.gz``: Spark unpacks a plain ``.tar``
     in Java, which drops the files' modes (bin/python not executable) and refuses the venv's
-    symlink to its base interpreter; ``.tar.gz`` and ``.zip`` go through ``tar``/``unzip``."""
+    symlink to its base interpreter; a ``.tar.gz`` keeps both."""
     if importlib.util.find_spec("venv_pack") is None:
         missing("venv-pack2 (the test extra) is not installed")
     out = dists["work"] / "env.tar.gz"
