@@ -181,19 +181,42 @@ def _port_free(port: int) -> bool:
 _handed_out: set[int] = set()
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default when unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _port_choices(span: tuple[int, ...]) -> range:
+    """Where :func:`free_port` picks: ports 10000 and up outside the ephemeral range. A port in
+    that range can be taken by any outgoing connection on the machine while its server is down,
+    so a broker restarted on its own port (the fault tests) could find it in use."""
+    low, high = _ephemeral_range()
+    below = range(10000 - min(span), low - max(span))
+    above = range(high + 1 - min(span), 65536 - max(span))
+    best = max(below, above, key=len)
+    return best if len(best) >= 2000 else range(20000, 59000)   # a narrow machine: as before
+
+
 def free_port(span: tuple[int, ...] = (0,)) -> int:
-    """A port P such that P+d is free on loopback for every d in ``span`` (never handed out twice)."""
+    """A port P such that P+d is free on loopback for every d in ``span`` (never handed out twice
+    by this process), outside the kernel's ephemeral port range (:func:`_port_choices`)."""
     import random
     rng = random.Random()
+    choices = _port_choices(span)
     for _ in range(500):
-        base = rng.randrange(20000, 59000)
+        base = rng.choice(choices)
         ports = [base + d for d in span]
         if any(p in _handed_out for p in ports):
             continue
         if all(_port_free(p) for p in ports):
             _handed_out.update(ports)
             return base
-    raise RuntimeError(f"no free loopback port range {span}")
+    raise RuntimeError(f"no free loopback port range {span} in {choices}")
 
 
 class ServerError(RuntimeError):

@@ -115,3 +115,23 @@ def test_revive_restarts_one_query_per_call():
     assert [q.isActive for q in queries.values()] == [True, False]
     revive(queries, lambda name: _Query(True))
     assert [q.isActive for q in queries.values()] == [True, True]
+
+
+@pytest.mark.parametrize("ephemeral, span, expected", [
+    ((32768, 60999), (0,), range(10000, 32768)),             # Linux's default: below it
+    ((32768, 60999), (-2, 0, 1), range(10002, 32767)),       # a broker's ports all below it
+    ((1024, 40000), (0,), range(40001, 65536)),              # a low range: above it
+    ((1024, 65000), (0,), range(20000, 59000)),              # no room outside it: as before
+])
+def test_free_ports_stay_out_of_the_ephemeral_range(monkeypatch, ephemeral, span, expected):
+    import rocketmq_cluster
+    monkeypatch.setattr(rocketmq_cluster, "_ephemeral_range", lambda: ephemeral)
+    assert rocketmq_cluster._port_choices(span) == expected
+
+
+def test_free_ports_are_not_ports_outgoing_connections_take():
+    import rocketmq_cluster
+    low, high = rocketmq_cluster._ephemeral_range()
+    for _ in range(20):
+        port = rocketmq_cluster.free_port((-2, 0, 1))
+        assert not any(low <= port + d <= high for d in (-2, 0, 1)), (port, low, high)
