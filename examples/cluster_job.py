@@ -1,5 +1,5 @@
 """A job for a Spark cluster, submitted with a packed venv as the Python of its driver and executors
-(docs/deploy.md, "A standalone cluster"; run by tests/test_packaging.py):
+(docs/deploy.md, "Standalone, client mode, with a packed venv"; run by tests/test_packaging.py):
 
     spark-submit --master spark://HOST:7077 --deploy-mode client \\
         --archives env.tar.gz#environment examples/cluster_job.py \\
