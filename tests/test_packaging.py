@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -30,6 +29,7 @@ import pytest
 import phase_timings
 import rmq_source
 import spark_archive
+from spark_servers import spark_home, wait_ready
 from conftest import fixture_dir, missing
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
@@ -163,27 +163,13 @@ def test_the_sdist_compiles_the_c_core_and_reads_a_store(dists, wheel_venv, pack
 
 # -- docs/deploy.md's standalone recipe, run ---------------------------------------------------
 
-def _spark_home() -> Path:
-    import pyspark
-    return Path(pyspark.__file__).parent
-
-
-def _wait_for_line(proc: subprocess.Popen, log: Path, text: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
-        tail = log.read_text(errors="replace")[-3000:]
-        assert proc.poll() is None, f"{proc.args[1]} exited with {proc.returncode}:\n{tail}"
-        assert time.monotonic() < deadline, f"no {text!r} in {log} after {timeout} s:\n{tail}"
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     """A Spark Master and one Worker (2 cores) on loopback, started with pyspark's own launcher
     (``bin/spark-class``; pip's pyspark has no sbin/start-master.sh); the master URL and the
     Worker's work folder (where executors run and unpack archives)."""
     work = tmp_path_factory.mktemp("standalone")
-    home = _spark_home()
+    home = spark_home()
     spark_archive.ensure()
     env = dict(_clean_env(), SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
                SPARK_DAEMON_JAVA_OPTS=spark_archive.java_options())
@@ -204,7 +190,7 @@ def standalone(tmp_path_factory):
                 with open(log, "wb") as out:
                     procs.append(subprocess.Popen([str(a) for a in [home / "bin" / "spark-class", cls, *args]],
                                                   stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work))
-                _wait_for_line(procs[-1], log, ready)
+                wait_ready(procs[-1], log, lambda: ready in log.read_text(errors="replace"), name)
         yield url, work / "worker"
     finally:
         for proc in reversed(procs):
@@ -230,7 +216,7 @@ def test_a_packed_env_on_a_standalone_cluster_reads_streams_and_sends(rocketmq, 
     driver = tmp_path / "driver"          # client mode: the env unpacked beside the driver too
     shutil.unpack_archive(packed_env, driver / "environment")
     out = tmp_path / "out"
-    home = _spark_home()
+    home = spark_home()
     cds = spark_archive.java_options()
     env = dict(_clean_env(), SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON="./environment/bin/python", PYSPARK_DRIVER_PYTHON="./environment/bin/python")

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 import phase_timings
 import spark_archive
+from spark_servers import spark_home, wait_ready
 from conftest import fixture_dir, missing
 from rocketmq_cluster import free_port
 
@@ -58,8 +58,7 @@ def connect_server(tmp_path_factory):
     """A Spark Connect server on loopback, its Python workers on this interpreter; its sc:// URL."""
     if importlib.util.find_spec("grpc") is None:
         missing("a Spark Connect client needs pyspark[connect] (the test extra)")
-    import pyspark
-    home = Path(pyspark.__file__).parent
+    home = spark_home()
     work = tmp_path_factory.mktemp("connect")
     port = free_port()
     log = work / "server.log"
@@ -75,12 +74,7 @@ def connect_server(tmp_path_factory):
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
     try:
         with phase_timings.timed("Spark Connect server start"):
-            deadline = time.monotonic() + 180
-            while not _serving(port):
-                tail = log.read_text(errors="replace")[-3000:]
-                assert server.poll() is None, f"the Connect server exited with {server.returncode}:\n{tail}"
-                assert time.monotonic() < deadline, f"the Connect server not serving after 180 s:\n{tail}"
-                time.sleep(0.2)
+            wait_ready(server, log, lambda: _serving(port), "the Connect server")
         yield f"sc://127.0.0.1:{port}"
     finally:
         server.kill()
