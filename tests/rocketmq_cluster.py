@@ -39,6 +39,7 @@ MARKER = ".complete"
 NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
 MQADMIN_MAIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
+UPDATE_BROKER_CONFIG = 25          # RequestCode.UPDATE_BROKER_CONFIG
 
 ADD_OPENS = [
     "--add-opens=java.base/java.nio=ALL-UNNAMED",
@@ -631,10 +632,13 @@ class Cluster:
         return broker
 
     def wait_registered(self, name: str, addr: str, timeout: float = 60.0, broker_id: int = 0) -> None:
+        """Wait until the NameServer lists broker ``name`` (id ``broker_id``) at ``addr``; a 5.x
+        broker not listed at once is asked to register (:meth:`_nudge_registration`)."""
         from rmq_source.remote import RemotingClient
         from rmq_source.remote import requests as rq
         deadline = time.monotonic() + timeout
         last = None
+        nudge_at = time.monotonic()
         with RemotingClient(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 try:
@@ -644,9 +648,43 @@ class Cluster:
                     last = info
                 except Exception as exc:       # noqa: BLE001 - retried until the deadline
                     last = exc
+                if time.monotonic() >= nudge_at:       # (again if it reached no NameServer)
+                    nudge_at = time.monotonic() + 3.0
+                    self._nudge_registration(client, addr)
                 time.sleep(0.2)
         raise ServerError(f"broker {name} at {addr} not in the NameServer's cluster info after "
                           f"{timeout:.0f} s (last: {last!r}):\n{self.log_tails()}")
+
+    def _nudge_registration(self, client, addr: str) -> None:
+        """Make a 5.x broker register with the NameServer now instead of 10 s after its boot.
+
+        A 5.x broker registers at start only with the NameServers its remoting client has already
+        found reachable, and that scan runs on another thread: when the registration comes first
+        (most boots here) it reaches no NameServer, and the next one is scheduled 10 s later. Its
+        own value of ``brokerPermission`` set through UPDATE_BROKER_CONFIG makes it register at
+        once (AdminBrokerProcessor.updateBrokerConfig). Not for brokers that must stay unlisted
+        until elected (controller mode, slave acting master), nor 4.x (registers at start).
+        Signed by the broker's ACL admin account if it has one; refused, the scheduled
+        registration still comes."""
+        broker = next((b for b in self.brokers.values() if b.addr == addr), None)
+        if broker is None or broker.is_v4:
+            return
+        props = broker.properties()
+        if any(str(props.get(k, "false")).lower() == "true"
+               for k in ("enableControllerMode", "enableSlaveActingMaster")):
+            return
+        body = f"brokerPermission={props.get('brokerPermission', 6)}\n".encode()
+        admin = next((a for a in broker.acl or () if a.get("admin")), None)
+        try:
+            if admin is None:
+                client.invoke(addr, UPDATE_BROKER_CONFIG, {}, body, timeout=5.0)
+                return
+            from rmq_source.remote import RemotingClient
+            from rmq_source.remote.acl import Credentials
+            with RemotingClient(timeout=5.0, credentials=Credentials(admin["accessKey"], admin["secretKey"])) as signed:
+                signed.invoke(addr, UPDATE_BROKER_CONFIG, {}, body)
+        except Exception:                       # noqa: BLE001 - the scheduled registration remains
+            pass
 
     def create_topic(self, client, topic: str, queues: int, *, broker: str = "broker-a",
                      timeout: float = 30.0) -> None:
