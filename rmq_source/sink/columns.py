@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from rmq_source.errors import RmqSinkRowError, RmqSinkSchemaError
+from rmq_source.namespace import wrap
 from rmq_source.spark.option_values import NAME_RE
 from rmq_source.sink.uniq import TaskKeys
 
@@ -166,16 +167,18 @@ class _RowError:
 
 
 def messages(batch: pa.RecordBatch, *, first_row: int, partition: int, keys: TaskKeys,
-             default_topic: str | None, max_message_bytes: int) -> Iterator[Outgoing]:
+             default_topic: str | None, max_message_bytes: int,
+             namespace: str | None = None) -> Iterator[Outgoing]:
     """The rows of ``batch`` (the task's rows ``first_row ...``) as messages; the first row that
-    cannot be one raises :class:`RmqSinkRowError` naming the partition and row."""
+    cannot be one raises :class:`RmqSinkRowError` naming the partition and row. A row's topic is
+    wrapped in ``namespace`` (``default_topic`` already is)."""
     n = batch.num_rows
     row_error = _RowError(partition)
     key_of = keys.key
     cols = [_column(batch, name, n) for name in ("body", "topic", "tags", "keys", "properties",
                                                  "queueId", "brokerName", "shardingKey",
                                                  "delayTimeLevel")]
-    topic_ok: set = set()
+    on_brokers: dict = {}                   # a row's topic -> the name it is sent to
     for row, (body, topic, tags, keys_v, props, qid, broker, shard, delay) in enumerate(zip(*cols), first_row):
         row_error.row = row
         if body is None:
@@ -189,10 +192,15 @@ def messages(batch: pa.RecordBatch, *, first_row: int, partition: int, keys: Tas
             topic = default_topic
             if topic is None:
                 raise row_error("topic is null and the option topic is not given")
-        if topic not in topic_ok:
-            if not NAME_RE.fullmatch(topic) or len(topic) > 127:
-                raise row_error(f"topic {topic!r} is not a topic name (1-127 characters of [%|a-zA-Z0-9_-])")
-            topic_ok.add(topic)
+        wrapped = on_brokers.get(topic)
+        if wrapped is None:
+            wrapped = wrap(namespace, topic)
+            if not NAME_RE.fullmatch(topic) or len(wrapped) > 127:
+                raise row_error(f"topic {topic!r} is not a topic name (1-127 characters of [%|a-zA-Z0-9_-]"
+                                + (f", {wrapped!r} in namespace {namespace}" if wrapped != topic else "")
+                                + ")")
+            on_brokers[topic] = wrapped
+        topic = wrapped
         pin = None
         if qid is not None:
             if shard is not None:

@@ -200,7 +200,8 @@ class BatchEncoder:
         try:
             for _ in messages(batch.slice(row, 1), first_row=first_row + row, partition=self.partition,
                               keys=self.keys, default_topic=self.opts.topic,
-                              max_message_bytes=self.opts.max_message_bytes):
+                              max_message_bytes=self.opts.max_message_bytes,
+                              namespace=self.opts.namespace):
                 pass
         except RmqSinkRowError as exc:
             return exc

@@ -13,7 +13,9 @@ from typing import Mapping
 
 from rmq_source.errors import RmqOptionError
 from rmq_source.remote.acl import Credentials
-from rmq_source.spark.option_values import NAME_RE, fail, bool_option, int_option, parse_namesrv_addr, topic_name
+from rmq_source.namespace import wrap
+from rmq_source.spark.option_values import (NAME_RE, fail, bool_option, int_option, namespace_option,
+                                            parse_namesrv_addr, topic_name)
 from rmq_source.spark.options import normalise_options, parse_credentials
 
 #: the broker's default maxMessageSize (4 MiB): a message, and a whole batch, must fit in it
@@ -27,6 +29,9 @@ SINK_OPTION_DOCS: dict[str, tuple[str, str]] = {
                       "the DataFrame has a topic column."),
     "producerGroup": (DEFAULT_PRODUCER_GROUP, "The producer group named in every send (brokers "
                                               "log it; it plays no part in routing)."),
+    "namespace": ("none", "Client namespace, as RocketMQ producers' namespace: the topic option, "
+                          "the rows' topic column and producerGroup name <namespace>%<name> on the "
+                          "brokers (system topics left alone). Characters [A-Za-z0-9_-]."),
     "accessKey": ("none", "The ACL account's access key (with secretKey): every request is signed."),
     "secretKey": ("none", "The ACL account's secret key (never shown in logs or errors)."),
     "requestTimeoutMs": ("10000", "Timeout of one send or route request, in ms."),
@@ -76,6 +81,9 @@ class SinkOptions:
     require_store_ok: bool = True
     #: batch writes: the write's id in UNIQ_KEYs; None in streaming (the query id is used)
     write_id: str | None = None
+    #: the client namespace: ``topic`` and ``producer_group`` are already wrapped in it, the
+    #: rows' topics are wrapped as they are sent (rmq_source.namespace)
+    namespace: str | None = None
 
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
@@ -83,11 +91,15 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
     if "namesrvAddr" not in opts:
         raise RmqOptionError("option namesrvAddr is required to write: the NameServers of the "
                              "cluster (host:port;host:port)")
+    namespace = namespace_option("namespace", opts["namespace"]) if "namespace" in opts else None
     topic = topic_name("topic", opts["topic"], opts["topic"].strip()) if "topic" in opts else None
+    if topic is not None:
+        topic = wrap(namespace, topic)
     group = opts.get("producerGroup", DEFAULT_PRODUCER_GROUP).strip()
     if not NAME_RE.fullmatch(group):
         raise fail("producerGroup", opts["producerGroup"], "expected a group name (characters "
                                                            "[%|a-zA-Z0-9_-], non-empty)")
+    group = wrap(namespace, group)
 
     def number(name: str, default: int, minimum: int, maximum: int) -> int:
         return int_option(name, opts[name], minimum=minimum, maximum=maximum) if name in opts else default
@@ -115,4 +127,4 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         max_in_flight=number("maxInFlight", 8, 1, 1024),
         max_message_bytes=max_message,
         require_store_ok=bool_option("requireStoreOk", opts["requireStoreOk"]) if "requireStoreOk" in opts else True,
-        write_id=write_id)
+        write_id=write_id, namespace=namespace)

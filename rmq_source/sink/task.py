@@ -32,7 +32,8 @@ def send_rows(producer: TaskProducer, batches: Iterable[pa.RecordBatch], keys: T
                     producer.add_encoded(opts.topic, done.first_row, done.count, done.data)
             else:
                 for msg in messages(batch, first_row=row, partition=partition, keys=keys,
-                                    default_topic=opts.topic, max_message_bytes=opts.max_message_bytes):
+                                    default_topic=opts.topic, max_message_bytes=opts.max_message_bytes,
+                                    namespace=opts.namespace):
                     producer.add(msg)
             row += batch.num_rows
         if encoder is not None and (done := encoder.finish()) is not None:

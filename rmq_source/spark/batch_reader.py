@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rmq_source.namespace import unwrap
 from rmq_source.spark.partition_reader import RmqInputPartition, build_partitions
 from rmq_source.spark.pushdown import Pushed, tag_codes_reliable
 from rmq_source.spark.planner import QueueRange, plan_tasks
@@ -38,7 +39,7 @@ def plan_batch(opts, pushed: Pushed | None = None) -> list[RmqInputPartition]:
     ranges = []
     for mq in mqs:
         start = check_data_loss(mq, starts[mq], infos[mq], opts.fail_on_data_loss)
-        if not pushed.keeps_queue(mq):
+        if not pushed.keeps_queue(mq, unwrap(opts.namespace, mq.topic)):
             continue
         end = max(start, min(ends[mq], infos[mq].max_offset))
         if by_time and pushed.ts_lo_ms is not None and pushed.ts_lo_ms > 0 and start < end:

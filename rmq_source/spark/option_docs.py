@@ -37,6 +37,13 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                           "with it and secretKey (RocketMQ's AclClientRPCHook). Give both or neither."),
     "secretKey": ("none", "With namesrvAddr: the ACL account's secret key (never shown in logs, "
                           "errors, plans or offsets)."),
+    "namespace": ("none", "Client namespace, as RocketMQ clients' namespace: every topic and group "
+                          "named in the options (topic, offsets JSON, assign, allocateQueues, "
+                          "consumerGroup) is <namespace>%<name> on the brokers (retry names "
+                          "%RETRY%<namespace>%<group>, system topics left alone); topicPattern "
+                          "matches the namespace's topics by their names without it, and the topic "
+                          "column shows names without it (as MessageExt.getTopic()). Characters "
+                          "[A-Za-z0-9_-]."),
     "groupStatePath": ("~/.cache/rmq_source/groups/<namesrvAddr>",
                        "With namesrvAddr and consumerGroup (streaming): the folder of the group's "
                        "batch plans (which queues each batch reads, so a restarted query re-runs a "

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from rmq_source.errors import RmqOptionError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import BROKER_NAME_RE
+from rmq_source.namespace import NAMESPACE_RE, wrap
 from rmq_source.store.native import MAX_QUEUE_OFFSET
 
 EARLIEST, LATEST, GROUP = "earliest", "latest", "group"
@@ -98,6 +99,52 @@ def topic_name(name: str, value: str, topic: Any) -> str:
         raise fail(name, value, f"topic {topic!r} is not a topic name (characters "
                                  "[%|a-zA-Z0-9_-], non-empty)")
     return topic
+
+
+def namespace_option(name: str, value: str) -> str:
+    text = value.strip()
+    if not NAMESPACE_RE.fullmatch(text):
+        raise fail(name, value, "expected a namespace of characters [A-Za-z0-9_-] (it is put in "
+                                "front of every topic and group as <namespace>%<name>)")
+    return text
+
+
+def wrap_names(namespace: str | None, name: str, value: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` (topics of option ``name``) wrapped in ``namespace``; two that become one fail."""
+    wrapped = tuple(wrap(namespace, n) for n in names)
+    same = sorted({w for w in wrapped if wrapped.count(w) > 1})
+    if same:
+        raise fail(name, value, f"topics listed more than once in namespace {namespace}: "
+                                + ", ".join(same))
+    return wrapped
+
+
+def wrap_topic_keys(namespace: str | None, name: str, value: str, table: dict) -> dict:
+    """``{topic: ...}`` with its topics wrapped in ``namespace``; two that become one fail."""
+    if not namespace:
+        return table
+    out = {}
+    for topic, entry in table.items():
+        key = wrap(namespace, topic)
+        if key in out:
+            raise fail(name, value, f"topic {key} is named twice in namespace {namespace}")
+        out[key] = entry
+    return out
+
+
+def wrap_queue_keys(namespace: str | None, name: str, value: str, offsets: dict) -> dict:
+    """``{MessageQueue: offset}`` with its topics wrapped in ``namespace``; two queues that
+    become one fail."""
+    if not namespace:
+        return offsets
+    out = {}
+    for mq, offset in offsets.items():
+        key = MessageQueue(wrap(namespace, mq.topic), mq.broker_name, mq.queue_id)
+        if key in out:
+            raise fail(name, value, f"queue {key.topic}/{key.broker_name}/{key.queue_id} is named "
+                                    f"twice in namespace {namespace}")
+        out[key] = offset
+    return out
 
 
 def json_object(name: str, value: str, shape: str) -> dict:

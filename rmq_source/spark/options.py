@@ -26,6 +26,10 @@ Values kept in :class:`SourceOptions`
   (-1 = latest); the end is exclusive.
 * ``starting_timestamp`` / ``ending_timestamp`` / ``consume_timestamp``: epoch milliseconds; each
   resolves per queue to the first message stored at or after it.
+* With ``namespace``: every topic and group (``topics``, offsets JSON, ``assign``,
+  ``allocate_queues``, ``consumer_group``) is the name on the brokers, wrapped as RocketMQ's
+  clients wrap it (:mod:`rmq_source.namespace`); ``topic_pattern`` matches the unwrapped names of
+  the namespace's topics.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_
                                            check_offset_store_path, default_group_state_path,
                                            default_offset_store_path)
 from rmq_source.group.statefile import check_group
+from rmq_source.namespace import NamespacedPattern, wrap
 from rmq_source.spark.option_docs import (ALLOCATE_STRATEGIES, CONSUME_FROM_WHERE, DEFAULT_BROKER_NAME,
                                           DEFAULT_CONSUME_TIMESTAMP_AGO_MS, DEFAULT_MAX_PARTITION_BYTES,
                                           NEARBY_INNER_STRATEGIES,
@@ -50,8 +55,9 @@ from rmq_source.spark.option_docs import (ALLOCATE_STRATEGIES, CONSUME_FROM_WHER
 from rmq_source.spark.option_values import (CLASS_SPEC_RE, CLIENT_ID_RE, EARLIEST, GROUP, LATEST,
                                             NAME_RE, SECRET_NAME_RE, bool_option, choice, comma_list,
                                             consume_timestamp_ms, default_client_id, duration_ms,
-                                            fail, int_option, parse_namesrv_addr,
-                                            parse_offsets_json, parse_queue_json)
+                                            fail, int_option, namespace_option, parse_namesrv_addr,
+                                            parse_offsets_json, parse_queue_json, wrap_names,
+                                            wrap_queue_keys, wrap_topic_keys)
 from rmq_source.store.native import MAX_BATCH_BYTES
 from rmq_source.subscription import EXPRESSION_TYPES, SQL92, Subscription
 
@@ -123,6 +129,9 @@ class SourceOptions:
     broker_outage_ms: int = 180_000                    # see option brokerOutageTimeoutMs
     credentials: Credentials | None = None             # ACL (its repr hides the secret key)
     group_state_path: str | None = None                # live mode, streaming with consumerGroup
+    #: the client namespace (rmq_source.namespace); every topic and group above is already
+    #: wrapped in it (the names on the brokers), the rows' topic column shows them unwrapped
+    namespace: str | None = None
 
     @property
     def broker_names(self) -> tuple[str, ...]:
@@ -281,6 +290,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     namesrv_addrs = _parse_namesrv(opts)
     brokers = {} if namesrv_addrs else _parse_brokers(opts)
     credentials = parse_credentials(opts)
+    namespace = namespace_option("namespace", opts["namespace"]) if "namespace" in opts else None
     request_timeout_ms = (int_option("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
                                maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
     request_retries = (int_option("requestRetries", opts["requestRetries"], minimum=0, maximum=100)
@@ -297,7 +307,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         raise RmqOptionError(f"exactly one of topic, topicPattern, assign is required ({detail})")
     topics = topic_pattern = assign = None
     if "topic" in opts:
-        topics = comma_list("topic", opts["topic"], pattern=NAME_RE, what="topic")
+        topics = wrap_names(namespace, "topic", opts["topic"],
+                            comma_list("topic", opts["topic"], pattern=NAME_RE, what="topic"))
     elif "topicPattern" in opts:
         value = opts["topicPattern"]
         if not value:
@@ -306,8 +317,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             topic_pattern = re.compile(value)
         except re.error as exc:
             raise fail("topicPattern", value, f"not a valid Python regular expression ({exc})") from None
+        if namespace is not None:
+            topic_pattern = NamespacedPattern(topic_pattern, namespace)
     else:
-        assign = parse_queue_json("assign", opts["assign"], brokers)
+        assign = wrap_topic_keys(namespace, "assign", opts["assign"],
+                                 parse_queue_json("assign", opts["assign"], brokers))
 
     def check_read(name: str, value: str, mqs) -> None:
         for mq in mqs:
@@ -341,7 +355,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     group = None
     if "consumerGroup" in opts:
         try:
-            group = check_group(opts["consumerGroup"])
+            group = check_group(wrap(namespace, check_group(opts["consumerGroup"])))
         except RmqOptionError as exc:
             raise fail("consumerGroup", opts["consumerGroup"], str(exc)) from None
 
@@ -361,8 +375,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                 raise fail("startingOffsets", value, "group needs option consumerGroup")
             starting_offsets: Any = word
         elif value.lstrip().startswith("{"):
-            starting_offsets = parse_offsets_json("startingOffsets", value, brokers,
-                                                   allow_earliest=True, allow_latest=streaming)
+            starting_offsets = wrap_queue_keys(namespace, "startingOffsets", value, parse_offsets_json(
+                "startingOffsets", value, brokers, allow_earliest=True, allow_latest=streaming))
             check_read("startingOffsets", value, starting_offsets)
         else:
             raise fail("startingOffsets", value, start_valid)
@@ -380,8 +394,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
             if word == LATEST:
                 ending_offsets = LATEST
             elif value.lstrip().startswith("{"):
-                ending_offsets = parse_offsets_json("endingOffsets", value, brokers,
-                                                     allow_earliest=False, allow_latest=True)
+                ending_offsets = wrap_queue_keys(namespace, "endingOffsets", value, parse_offsets_json(
+                    "endingOffsets", value, brokers, allow_earliest=False, allow_latest=True))
                 check_read("endingOffsets", value, ending_offsets)
             else:
                 raise fail("endingOffsets", value, "expected latest or JSON "
@@ -491,7 +505,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     allocate_queues = None
     if "allocateQueues" in opts:
         table = parse_queue_json("allocateQueues", opts["allocateQueues"], brokers)
-        allocate_queues = tuple(MessageQueue(t, b, q) for t, by_b in table.items()
+        allocate_queues = tuple(MessageQueue(wrap(namespace, t), b, q) for t, by_b in table.items()
                                 for b, qids in by_b.items() for q in qids)
         check_read("allocateQueues", opts["allocateQueues"], allocate_queues)
     consume_rooms = (comma_list("consumeRooms", opts["consumeRooms"], pattern=None,
@@ -588,5 +602,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
         request_retries=request_retries, retry_backoff_ms=retry_backoff_ms,
         broker_outage_ms=broker_outage_ms,
-        credentials=credentials, group_state_path=group_state_path,
+        credentials=credentials, group_state_path=group_state_path, namespace=namespace,
     )

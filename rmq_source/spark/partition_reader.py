@@ -16,6 +16,7 @@ from pyspark.sql.datasource import InputPartition
 from rmq_source.backend import BackendSpec, RangeRead, TaskLock
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError
+from rmq_source.namespace import unwrap_topic_column
 from rmq_source.sql92.program import filter_batch, selector_program
 from rmq_source.subscription import Subscription
 
@@ -55,6 +56,8 @@ class RmqInputPartition(InputPartition):
     expression_type: str = "TAG"
     #: rows kept only when their tags are one of these (pushed tags read without the hash scan)
     exact_tags: tuple[str, ...] | None = None
+    #: the client namespace: the rows' topics are shown without it (rmq_source.namespace)
+    namespace: str | None = None
 
 
 def check_task_locks(part: RmqInputPartition):
@@ -79,7 +82,11 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     """
     if not isinstance(part, RmqInputPartition):
         return
-    yield from _read_ranges(part)
+    if not part.namespace:
+        yield from _read_ranges(part)
+        return
+    for batch in _read_ranges(part):
+        yield unwrap_topic_column(batch, part.namespace)
 
 
 def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
@@ -138,6 +145,7 @@ def build_partitions(tasks, opts, backend, lock: TaskLock | None = None,
             verify_crc=opts.verify_crc,
             fail_on_data_loss=opts.fail_on_data_loss,
             lock=lock,
+            namespace=opts.namespace,
         )
         for task in tasks
     ]

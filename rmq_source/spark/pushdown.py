@@ -41,8 +41,10 @@ class Pushed:
     ts_lo_ms: int | None = None
     ts_hi_ms: int | None = None
 
-    def keeps_queue(self, mq) -> bool:
-        return ((self.topics is None or mq.topic in self.topics)
+    def keeps_queue(self, mq, shown_topic: str | None = None) -> bool:
+        """Whether ``mq`` passes; ``shown_topic``: its topic as the rows show it (the name
+        without the client namespace), else ``mq.topic``."""
+        return ((self.topics is None or (shown_topic or mq.topic) in self.topics)
                 and (self.brokers is None or mq.broker_name in self.brokers)
                 and (self.queue_ids is None or mq.queue_id in self.queue_ids))
 

@@ -12,9 +12,10 @@ def open_backend(opts) -> Backend:
     if opts.namesrv_addrs:
         from rmq_source.remote.backend import ClusterBackendSpec
         from rmq_source.remote.backend import PULL_GROUP
+        from rmq_source.namespace import wrap
         return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
                                   credentials=opts.credentials,
-                                  pull_group=opts.consumer_group or PULL_GROUP,
+                                  pull_group=opts.consumer_group or wrap(opts.namespace, PULL_GROUP),
                                   retries=opts.request_retries,
                                   retry_backoff_s=opts.retry_backoff_ms / 1000.0,
                                   outage_s=opts.broker_outage_ms / 1000.0).open()
