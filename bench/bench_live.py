@@ -15,7 +15,12 @@ Targets (issue 11): ours >= 2x the Java client per CPU second; the Spark read >=
 rate. Planning: min/max offsets of 1,000 queues over the two brokers (``infos``, what
 ``latestOffset`` asks) in tens of milliseconds: one topic-statistics request per broker and topic.
 
-    python bench/bench_live.py [--version 5.3] [--messages 200000] [--repeat 3]
+``--tls``: the servers accept TLS only (``tls.server.mode=enforcing``, certificates made by
+``tests/tls_certs.py``); ours checks the servers' certificates against the test CA (``useTLS``,
+the C core's OpenSSL), the Java client speaks TLS (``-Dtls.enable=true``, checking nothing, its
+default) and so does the Spark read. Target (issue 28): ours >= 2x the Java client per CPU second.
+
+    python bench/bench_live.py [--version 5.3] [--messages 200000] [--repeat 3] [--tls]
 """
 from __future__ import annotations
 
@@ -78,16 +83,25 @@ public class LivePull {
 """
 
 
-def start_cluster(version_line: str, workdir: Path):
+def start_cluster(version_line: str, workdir: Path, tls: bool):
+    """The cluster, and the TLS settings of our client (None without ``tls``)."""
     version, jars = rocketmq_cluster.resolve_line(version_line)
-    cluster = rocketmq_cluster.Cluster(version, jars, workdir, broker_names=BROKERS).start()
-    return cluster
+    props, config = {}, None
+    if tls:
+        from tls_certs import make_certs
+        from rmq_source.remote.tls import TlsConfig
+        certs = make_certs(workdir / "certs")
+        props = rocketmq_cluster.tls_server_props(certs.server_cert, certs.server_key)
+        config = TlsConfig(trust_cert_path=str(certs.ca))
+    cluster = rocketmq_cluster.Cluster(version, jars, workdir, broker_names=BROKERS, system_props=props,
+                                       client_tls=config).start()
+    return cluster, config
 
 
-def fill(cluster, messages: int) -> None:
+def fill(cluster, messages: int, tls) -> None:
     body = os.urandom(BODY)
     per_broker = messages // len(BROKERS)
-    with RemotingClient(timeout=30) as client:
+    with RemotingClient(timeout=30, tls=tls) as client:
         for name in BROKERS:
             addr = cluster.brokers[name].addr
             rq.create_topic(client, addr, TOPIC, read_queues=QUEUES_PER_BROKER)
@@ -104,9 +118,9 @@ def fill(cluster, messages: int) -> None:
             time.sleep(0.2)
 
 
-def ours(cluster, passes: int) -> list[tuple[int, float, float]]:
+def ours(cluster, passes: int, tls) -> list[tuple[int, float, float]]:
     """(messages, wall s, CPU s of this process) per pass."""
-    backend = ClusterBackendSpec((cluster.namesrv_addr,), 30.0).open()
+    backend = ClusterBackendSpec((cluster.namesrv_addr,), 30.0, tls=tls).open()
     mqs = backend.queues_for_topics([TOPIC])
     infos = backend.infos(mqs)
     out = []
@@ -125,19 +139,23 @@ def _fail(*args):
     raise RuntimeError(f"unexpected callback {args}")
 
 
-def java(cluster, workdir: Path, passes: int) -> list[tuple[int, float, float]]:
-    lines = run_java_client(cluster, workdir, "LivePull", JAVA_PULL, [TOPIC, str(passes)], timeout=1800)
+def java(cluster, workdir: Path, passes: int, tls) -> list[tuple[int, float, float]]:
+    lines = run_java_client(cluster, workdir, "LivePull", JAVA_PULL, [TOPIC, str(passes)], timeout=1800,
+                            system_props={"tls.enable": "true"} if tls else None)
     rows = [line.split() for line in lines if line.startswith("PASS ")]
     return [(int(r[2]), int(r[4]) / 1e9, int(r[5]) / 1e9) for r in rows]
 
 
-def spark_read(cluster, passes: int) -> list[tuple[int, float]]:
+def spark_read(cluster, passes: int, tls) -> list[tuple[int, float]]:
     spark = spark_session()
     from rmq_source import RocketMQDataSource
     spark.dataSource.register(RocketMQDataSource)
     out = []
     for _ in range(passes):
-        df = spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", TOPIC).load()
+        reader = spark.read.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", TOPIC)
+        if tls is not None:
+            reader = reader.option("useTLS", "true").option("tlsTrustCertPath", tls.trust_cert_path)
+        df = reader.load()
         t0 = time.perf_counter()
         df.write.format("noop").mode("overwrite").save()
         out.append((0, time.perf_counter() - t0))
@@ -145,8 +163,8 @@ def spark_read(cluster, passes: int) -> list[tuple[int, float]]:
     return out
 
 
-def planning(cluster, repeat: int) -> tuple[int, float]:
-    backend = ClusterBackendSpec((cluster.namesrv_addr,), 30.0).open()
+def planning(cluster, repeat: int, tls) -> tuple[int, float]:
+    backend = ClusterBackendSpec((cluster.namesrv_addr,), 30.0, tls=tls).open()
     mqs = backend.queues_for_topics([PLAN_TOPIC])
     best = float("inf")
     for _ in range(repeat + 1):
@@ -162,24 +180,26 @@ def main() -> None:
     ap.add_argument("--version", default="5.3", choices=("4.9", "5.3"))
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tls", action="store_true", help="servers accepting TLS only, every reader over TLS")
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rmq-live-bench-"))
     print_machine()
-    cluster = start_cluster(args.version, workdir)
+    cluster, tls = start_cluster(args.version, workdir, args.tls)
     try:
-        fill(cluster, args.messages)
+        fill(cluster, args.messages, tls)
         passes = args.repeat + 1                      # the first pass warms caches and the JIT
-        o = min(ours(cluster, passes)[1:], key=lambda r: r[2])
-        j = min(java(cluster, workdir, passes)[1:], key=lambda r: r[2])
-        s = min(spark_read(cluster, passes)[1:], key=lambda r: r[1])
-        n_plan, plan_s = planning(cluster, args.repeat)
+        o = min(ours(cluster, passes, tls)[1:], key=lambda r: r[2])
+        j = min(java(cluster, workdir, passes, tls)[1:], key=lambda r: r[2])
+        s = min(spark_read(cluster, passes, tls)[1:], key=lambda r: r[1])
+        n_plan, plan_s = planning(cluster, args.repeat, tls)
     finally:
         cluster.stop()
     n = o[0]
     assert j[0] == n, f"the Java client read {j[0]} messages, ours {n}"
     ours_cpu, java_cpu = n / o[2], n / j[2]
     print(f"\nRocketMQ {cluster.version}, {n} messages of {BODY} B over {len(BROKERS)} brokers x "
-          f"{QUEUES_PER_BROKER} queues, best of {args.repeat} after a warm-up pass")
+          f"{QUEUES_PER_BROKER} queues, best of {args.repeat} after a warm-up pass"
+          + (", every connection TLS" if args.tls else ""))
     print_table(["reader", "wall clock", "CPU time (reader process)"], [
         ["ours: pull + C decode, no Spark", f"{n / o[1] / 1e3:.0f} k msgs/s", f"{ours_cpu / 1e3:.0f} k msgs/CPU-s"],
         ["RocketMQ Java DefaultMQPullConsumer", f"{n / j[1] / 1e3:.0f} k msgs/s", f"{java_cpu / 1e3:.0f} k msgs/CPU-s"],

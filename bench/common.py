@@ -433,9 +433,10 @@ def register_ceiling_source(spark) -> None:
 
 
 def run_java_client(cluster, workdir: Path, main: str, source: str, args: Sequence[str], *,
-                    timeout: float = 3600) -> list[str]:
+                    timeout: float = 3600, system_props: dict | None = None) -> list[str]:
     """Compile ``source`` (class ``main``) against the cluster's RocketMQ client jars under
-    ``workdir/java`` and run it with the NameServer address as first argument; its stdout lines."""
+    ``workdir/java`` and run it with the NameServer address as first argument (and the Java
+    system properties ``system_props``); its stdout lines."""
     sys.path.insert(0, str(REPO / "tests"))
     import rocketmq_cluster
     src = Path(workdir) / "java"
@@ -445,7 +446,9 @@ def run_java_client(cluster, workdir: Path, main: str, source: str, args: Sequen
     subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / f"{main}.java")],
                    check=True, capture_output=True, timeout=300)
     proc = subprocess.run(["java", "-Xmx512m", *rocketmq_cluster.ADD_OPENS, f"-Duser.home={src}",
-                           "-Drocketmq.client.logUseSlf4j=true", "-cp", f"{src}:{cp}", main,
+                           "-Drocketmq.client.logUseSlf4j=true",
+                           *(f"-D{k}={v}" for k, v in (system_props or {}).items()),
+                           "-cp", f"{src}:{cp}", main,
                            cluster.namesrv_addr, *args],
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

@@ -50,7 +50,7 @@ def make_ffi(module_name: str, extra_compile_args: list[str],
         sources=[SOURCE if absolute_paths else _relative(SOURCE)],
         depends=DEPENDS if absolute_paths else [_relative(p) for p in DEPENDS],
         include_dirs=[HERE],
-        libraries=["z"],
+        libraries=["z", "ssl", "crypto"],
         extra_compile_args=extra_compile_args,
         extra_link_args=extra_link_args or [],
     )

@@ -49,6 +49,7 @@ _Static_assert(RMQ_NBUF == 34, "rmq_batch.bufs size must match RMQ_NBUF");
 #include "core/rows.c"
 #include "core/scan.c"
 #include "core/pull.c"
+#include "core/tls.c"
 #include "core/netpull.c"
 #include "core/sql92.c"
 #include "core/sinkenc.c"

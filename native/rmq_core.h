@@ -299,6 +299,22 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
                     rmq_error *err);
 void rmq_puller_free(rmq_puller *p);
 
+/* TLS (core/tls.c): a client context; ca_file NULL: the system's CAs; verify 0: no certificate
+ * is checked; cert_file (with key_file, or the key in cert_file; key_password may be NULL) for
+ * servers asking for a client certificate. NULL with err set (RMQ_E_ARG: a file unusable). */
+typedef struct rmq_tls_ctx rmq_tls_ctx;
+rmq_tls_ctx *rmq_tls_ctx_new(const char *ca_file, const char *cert_file, const char *key_file,
+                             const char *key_password, int verify, rmq_error *err);
+void rmq_tls_ctx_free(rmq_tls_ctx *ctx);
+/* Before the first range: the TLS handshake on the puller's socket (made non-blocking), within
+ * timeout_ms; host (NULL: none) is the name or IP the server's certificate must name. After a
+ * failure (RMQ_E_NET, RMQ_E_TIMEOUT) only rmq_puller_free is left. */
+int rmq_puller_tls(rmq_puller *p, rmq_tls_ctx *ctx, const char *host, int32_t timeout_ms,
+                   rmq_error *err);
+/* Send buf[0, len) on the puller's connection (through TLS when on), within timeout_ms. */
+int rmq_puller_send(rmq_puller *p, const uint8_t *buf, int64_t len, int32_t timeout_ms,
+                    rmq_error *err);
+
 /* -- SQL92 selectors over the properties column (core/sql92.c) -- */
 
 enum rmq_sql_op {

@@ -365,6 +365,7 @@ def _offset_store_path(args, brokers: dict) -> str:
 
 
 SECRET_KEY_ENV = "RMQ_SECRET_KEY"
+TLS_KEY_PASSWORD_ENV = "RMQ_TLS_KEY_PASSWORD"
 
 
 def _add_live_args(parser) -> None:
@@ -373,6 +374,19 @@ def _add_live_args(parser) -> None:
     parser.add_argument("--access-key", default=None, metavar="AK",
                         help=f"with --namesrv: sign requests as this ACL account; its secret key is "
                         f"read from ${SECRET_KEY_ENV} (never from the command line)")
+    parser.add_argument("--tls", action="store_true",
+                        help="with --namesrv: speak TLS to the NameServers and brokers (the data "
+                        "source's useTLS; the server certificates are checked)")
+    parser.add_argument("--tls-trust-cert-path", default=None, metavar="PEM",
+                        help="with --tls: the CAs the servers' certificates chain to (default: the system's)")
+    parser.add_argument("--tls-no-verify-hostname", action="store_true",
+                        help="with --tls: do not require the certificates to name the addresses dialled")
+    parser.add_argument("--tls-skip-verify", action="store_true",
+                        help="with --tls: accept any server certificate (tests only)")
+    parser.add_argument("--tls-cert-path", default=None, metavar="PEM",
+                        help=f"with --tls: a client certificate (its key with --tls-key-path, the "
+                        f"key's password from ${TLS_KEY_PASSWORD_ENV})")
+    parser.add_argument("--tls-key-path", default=None, metavar="PEM")
 
 
 def _credentials(args):
@@ -386,14 +400,43 @@ def _credentials(args):
     return Credentials(args.access_key, secret)
 
 
+def _tls(args):
+    """The TLS settings of the --tls flags, checked as the data source's options are."""
+    from rmq_source.spark.options import parse_tls
+    opts = {}
+    if args.tls:
+        opts["useTLS"] = "true"
+    for flag, name in (("tls_trust_cert_path", "tlsTrustCertPath"), ("tls_cert_path", "tlsCertPath"),
+                       ("tls_key_path", "tlsKeyPath")):
+        if getattr(args, flag) is not None:
+            opts[name] = getattr(args, flag)
+    if args.tls_no_verify_hostname:
+        opts["tlsVerifyHostname"] = "false"
+    if args.tls_skip_verify:
+        opts["tlsSkipVerify"] = "true"
+    if args.tls_cert_path is not None and os.environ.get(TLS_KEY_PASSWORD_ENV):
+        opts["tlsKeyPassword"] = os.environ[TLS_KEY_PASSWORD_ENV]
+    try:
+        return parse_tls(opts)
+    except RmqOptionError as exc:       # name the flags, not the options
+        text = str(exc)
+        for flag, name in (("--tls", "useTLS=true"), ("--tls-trust-cert-path", "tlsTrustCertPath"),
+                           ("--tls-no-verify-hostname", "tlsVerifyHostname"),
+                           ("--tls-skip-verify", "tlsSkipVerify"), ("--tls-cert-path", "tlsCertPath"),
+                           ("--tls-key-path", "tlsKeyPath")):
+            text = text.replace(name, flag)
+        raise RmqOptionError(text) from None
+
+
 def _live_backend(args):
     """The cluster backend of ``--namesrv``, or None when the command works on STORE (exactly one
     of them); STORE-only options are refused with --namesrv."""
     if (args.store is None) == (args.namesrv is None):
         raise RmqOptionError("give either STORE (a store root) or --namesrv ADDR (a live cluster)")
     if args.namesrv is None:
-        if args.access_key is not None:
-            raise RmqOptionError("--access-key applies to --namesrv (a live cluster)")
+        if args.access_key is not None or _tls(args) is not None:
+            raise RmqOptionError(f"{'--access-key' if args.access_key is not None else '--tls'} "
+                                 "applies to --namesrv (a live cluster)")
         if args.broker_name is None:
             args.broker_name = "broker-a"
         return None
@@ -404,7 +447,8 @@ def _live_backend(args):
                                  "its brokers; its group offsets are on them)")
     from rmq_source.remote.backend import ClusterBackendSpec
     from rmq_source.spark.option_values import parse_namesrv_addr
-    return ClusterBackendSpec(parse_namesrv_addr(args.namesrv), credentials=_credentials(args)).open()
+    return ClusterBackendSpec(parse_namesrv_addr(args.namesrv), credentials=_credentials(args),
+                              tls=_tls(args)).open()
 
 
 def _check_topic(backend, args) -> None:

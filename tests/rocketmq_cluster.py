@@ -569,17 +569,25 @@ class Cluster:
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, broker_names=("broker-a",),
                  cluster: str = "DefaultCluster", broker_kw: dict | None = None,
-                 namesrv_extra: dict | None = None):
+                 namesrv_extra: dict | None = None, system_props: dict | None = None,
+                 client_tls=None):
         """``broker_kw``: keyword arguments of every :class:`Broker` started (e.g. ``acl``);
-        ``namesrv_extra``: more NameServer properties."""
+        ``namesrv_extra``: more NameServer properties; ``system_props``: Java system properties
+        of every server (e.g. TLS: :func:`tls_server_props`); ``client_tls``: the
+        :class:`rmq_source.remote.tls.TlsConfig` this helper's own requests need."""
         self.version = version
         self.jars = Path(jars)
         self.workdir = Path(workdir)
         self.cluster_name = cluster
-        self.namesrv = NameServer(version, jars, self.workdir / "namesrv", extra=namesrv_extra)
+        self.system_props = dict(system_props or {})
+        self.client_tls = client_tls
+        self.namesrv = NameServer(version, jars, self.workdir / "namesrv", extra=namesrv_extra,
+                                  system_props=self.system_props)
         self.brokers: dict[str, Broker] = {}
         self._broker_names = tuple(broker_names)
         self.broker_kw = dict(broker_kw or {})
+        if self.system_props:
+            self.broker_kw.setdefault("system_props", self.system_props)
         self.started: list[JavaServer] = []
 
     @property
@@ -639,7 +647,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         last = None
         nudge_at = time.monotonic()
-        with RemotingClient(timeout=5.0) as client:
+        with RemotingClient(timeout=5.0, tls=self.client_tls) as client:
             while time.monotonic() < deadline:
                 try:
                     info = rq.cluster_info(client, self.namesrv.addr)
@@ -681,7 +689,8 @@ class Cluster:
                 return
             from rmq_source.remote import RemotingClient
             from rmq_source.remote.acl import Credentials
-            with RemotingClient(timeout=5.0, credentials=Credentials(admin["accessKey"], admin["secretKey"])) as signed:
+            with RemotingClient(timeout=5.0, credentials=Credentials(admin["accessKey"], admin["secretKey"]),
+                                tls=self.client_tls) as signed:
                 signed.invoke(addr, UPDATE_BROKER_CONFIG, {}, body)
         except Exception:                       # noqa: BLE001 - the scheduled registration remains
             pass
@@ -762,3 +771,13 @@ def pull_all(client, addr: str, topic: str, queue_id: int, start: int = 0) -> li
         assert recs and recs[0].queue_offset == offset
         out += recs
         offset = r.next_begin_offset
+
+
+def tls_server_props(cert: Path, key: Path, mode: str = "enforcing") -> dict:
+    """Java system properties of a NameServer or broker speaking TLS (``TlsSystemConfig``) with
+    ``cert``/``key`` (PEM, the key PKCS#8): ``mode`` enforcing refuses plain connections; test
+    mode off, else the server makes itself a self-signed certificate; no client certificate asked.
+    Its own client (a broker to the NameServers) speaks TLS too, checking nothing."""
+    return {"tls.server.mode": mode, "tls.enable": "true", "tls.test.mode.enable": "false",
+            "tls.server.certPath": cert, "tls.server.keyPath": key,
+            "tls.server.need.client.auth": "none", "tls.client.authServer": "false"}

@@ -131,8 +131,10 @@ def test_reads_groups_and_the_sink_agree_with_the_java_client(spark, rocketmq, t
      .option("namespace", ns).save())
 
     # the Java consumer of the group: what came after our commits, and the sink's rows
-    _java(cluster, tmp_path, "produce", ns, topic, "20", "second")
     second = {f"second-{i}" for i in range(20)}
+    with RemotingClient(timeout=15) as client:          # (the name on the brokers, sent as it is)
+        for i, body in enumerate(sorted(second)):
+            rq.send_message(client, broker.addr, f"{ns}%{topic}", body.encode(), queue_id=i % QUEUES, tags="t")
     got = _java(cluster, tmp_path, "consume", ns, group, str(len(second) + len(sent)), topic, sink_topic)
     by_topic = {}
     for _, shown, body in got:

@@ -12,6 +12,7 @@ from conftest import raises_rmq, require
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.remote.acl import Credentials
+from rmq_source.remote.tls import TlsConfig
 from rmq_source.spark.options import OPTION_DOCS, SourceOptions, options_markdown, parse_options
 from rmq_source.spark.query import strategy_of
 
@@ -82,6 +83,8 @@ VALID = [
      {"credentials": Credentials("ak", "sk-1")}),
     ("namespace", True, {"namesrvAddr": "h:1", "topic": "T", "consumerGroup": "G", "namespace": " ns "},
      {"namespace": "ns", "topics": ("ns%T",), "consumer_group": "ns%G"}),
+    ("tls-unchecked", False, {"namesrvAddr": "h:1", "topic": "T", "useTLS": "true", "tlsSkipVerify": "true"},
+     {"tls": TlsConfig(verify=False, verify_hostname=False)}),
     ("live-retries", False, {"namesrvAddr": "h:1", "topic": "T", "requestRetries": "0",
                              "retryBackoffMs": "250", "brokerOutageTimeoutMs": "0"},
      {"request_retries": 0, "retry_backoff_ms": 250, "broker_outage_ms": 0}),
@@ -203,6 +206,20 @@ INVALID = [
     ("twice-by-case", False, {"storePath": "{A}", "topic": "T", "TOPIC": "U"}, "topic", "given twice"),
     ("non-str-value", False, base(numPartitions=4), "numPartitions", "must be strings"),
     ("namespace-separator", False, base(namespace="a%b"), "namespace", "characters [A-Za-z0-9_-]"),
+    ("tls-option-without-tls", False, {"namesrvAddr": "h:1", "topic": "T", "tlsTrustCertPath": "/ca.pem"},
+     "tlsTrustCertPath", "only applies with useTLS=true"),
+    ("tls-in-store-mode", False, base(useTLS="true"), "useTLS", "only applies with namesrvAddr"),
+    ("tls-skip-and-name-check", False, {"namesrvAddr": "h:1", "topic": "T", "useTLS": "true",
+                                        "tlsSkipVerify": "true", "tlsVerifyHostname": "true"},
+     "tlsVerifyHostname", "has no effect with tlsSkipVerify=true"),
+    ("tls-cert-unreadable", False, {"namesrvAddr": "h:1", "topic": "T", "useTLS": "true",
+                                    "tlsCertPath": "{A}/no-cert.pem"}, "tlsCertPath", "is not a readable file"),
+    ("tls-key-without-cert", False, {"namesrvAddr": "h:1", "topic": "T", "useTLS": "true",
+                                     "tlsKeyPath": "/k.pem", "tlsKeyPassword": "pw-hidden"},
+     "tlsKeyPath", "only applies with tlsCertPath"),
+    ("tls-password-without-cert", False, {"namesrvAddr": "h:1", "topic": "T", "useTLS": "true",
+                                          "tlsKeyPassword": "pw-hidden"},
+     "tlsKeyPassword", "only applies with tlsCertPath"),
     ("no-store", False, {"topic": "T"}, "storePath", "is required"),
     ("retries-in-store-mode", False, base(requestRetries="3"), "requestRetries",
      "only applies with namesrvAddr"),

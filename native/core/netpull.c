@@ -42,6 +42,7 @@ typedef struct np_slot {
 
 struct rmq_puller {
     int fd;
+    SSL *ssl;               /* the TLS session on fd (rmq_puller_tls), NULL: plain TCP */
     int dead;               /* a network or protocol error happened: only free is left */
     int need_seek;          /* an answer went to the caller: it says where to go on */
     uint8_t *tmpl;
@@ -376,6 +377,7 @@ rmq_puller *rmq_puller_new(int fd, rmq_error *err) {
 
 void rmq_puller_free(rmq_puller *p) {
     if (!p) return;
+    SSL_free(p->ssl);
     np_drop_slots(p);
     free(p->tmpl);
     free(p->in);
@@ -412,6 +414,18 @@ int rmq_puller_range(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const
     return RMQ_OK;
 }
 
+int rmq_puller_tls(rmq_puller *p, rmq_tls_ctx *ctx, const char *host, int32_t timeout_ms, rmq_error *err) {
+    clear_err(err);
+    if (!p || !ctx || p->ssl || timeout_ms < 1)
+        return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad TLS arguments");
+    p->ssl = tls_connect(ctx, p->fd, host, np_now_ms() + timeout_ms, err);
+    if (!p->ssl) {
+        p->dead = 1;
+        return err ? err->code : RMQ_E_NET;
+    }
+    return RMQ_OK;
+}
+
 int rmq_puller_seek(rmq_puller *p, int64_t offset, rmq_error *err) {
     clear_err(err);
     if (!p || offset < 0 || !p->tmpl)
@@ -425,6 +439,17 @@ int rmq_puller_seek(rmq_puller *p, int64_t offset, rmq_error *err) {
 }
 
 static int np_send_all(rmq_puller *p, const uint8_t *buf, int64_t len, int64_t deadline, rmq_error *err) {
+    while (len > 0 && p->ssl) {
+        int want = 0;
+        const char *what = NULL;
+        int64_t n = tls_write_some(p->ssl, buf, len, &want, &what);
+        if (n > 0) { buf += n; len -= n; continue; }
+        if (n < 0) return np_err(p, err, RMQ_E_NET, errno, "%s", what);
+        int w = tls_wait(p->fd, want, deadline);
+        if (w == RMQ_E_TIMEOUT)
+            return np_err(p, err, RMQ_E_TIMEOUT, 0, "%s", "send timed out (peer not reading)");
+        if (w < 0) return np_err(p, err, RMQ_E_NET, -w, "poll failed: %s", strerror(-w));
+    }
     while (len > 0) {
         ssize_t n = send(p->fd, buf, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) { buf += n; len -= n; continue; }
@@ -442,6 +467,14 @@ static int np_send_all(rmq_puller *p, const uint8_t *buf, int64_t len, int64_t d
         return np_err(p, err, RMQ_E_NET, e, "send failed: %s", strerror(e));
     }
     return RMQ_OK;
+}
+
+int rmq_puller_send(rmq_puller *p, const uint8_t *buf, int64_t len, int32_t timeout_ms, rmq_error *err) {
+    clear_err(err);
+    if (!p || !buf || len < 1 || timeout_ms < 1)
+        return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad send arguments");
+    if (p->dead) return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "the puller failed before");
+    return np_send_all(p, buf, len, np_now_ms() + timeout_ms, err);
 }
 
 static int np_send_pull(rmq_puller *p, int64_t offset, int32_t nums, rmq_error *err) {
@@ -529,7 +562,22 @@ static int np_fill(rmq_puller *p, int64_t deadline, rmq_error *err) {
             return np_err(p, err, RMQ_E_NOMEM, 0, "%s", "out of memory");
     }
     for (;;) {
-        ssize_t n = recv(p->fd, p->in + p->in_len, (size_t)(p->in_cap - p->in_len), MSG_DONTWAIT);
+        ssize_t n;
+        if (p->ssl) {
+            int want = 0;
+            const char *what = NULL;
+            n = tls_read_some(p->ssl, p->in + p->in_len, p->in_cap - p->in_len, &want, &what);
+            if (n == -1) return np_err(p, err, RMQ_E_NET, 0, "%s", what);
+            if (n == 0) {
+                int w = tls_wait(p->fd, want, deadline);
+                if (w == RMQ_E_TIMEOUT) return RMQ_E_TIMEOUT;   /* the caller names the request */
+                if (w < 0) return np_err(p, err, RMQ_E_NET, -w, "poll failed: %s", strerror(-w));
+                continue;
+            }
+            if (n == -2) n = 0;
+        } else {
+            n = recv(p->fd, p->in + p->in_len, (size_t)(p->in_cap - p->in_len), MSG_DONTWAIT);
+        }
         if (n > 0) { p->in_len += n; return RMQ_OK; }
         if (n == 0) {
             char what[160];

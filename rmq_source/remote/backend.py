@@ -44,6 +44,7 @@ from rmq_source.group.retry import is_retry_topic, retry_topic
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
+from rmq_source.remote.tls import TlsConfig
 from rmq_source.remote.client import RemotingClient, ask_namesrvs, auth_error, check, is_auth_failure
 from rmq_source.sql92 import compile_selector
 from rmq_source.sql92.nodes import string_tests
@@ -112,6 +113,8 @@ class ClusterBackendSpec(BackendSpec):
     #: try; the driver's planning waits for it as long (see the stream reader)
     outage_s: float = 180.0
     credentials: Credentials | None = None
+    #: TLS to every server (:mod:`.tls`), None: plain connections
+    tls: TlsConfig | None = None
     #: the consumer group pulls name (the query's consumerGroup when it has one): brokers with ACL
     #: check the account's permission on it, brokers without auto-created groups need it to exist
     pull_group: str = PULL_GROUP
@@ -132,10 +135,10 @@ class ClusterBackend(Backend):
 
     def __init__(self, spec: ClusterBackendSpec):
         self.spec = spec
-        self.client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials)
+        self.client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials, tls=spec.tls)
         # pulls: the waiting reader reads its answers itself (no thread switch per answer)
         self.pull_client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials,
-                                          reader_thread=False)
+                                          reader_thread=False, tls=spec.tls)
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
         self._down: set[str] = set()   # brokers whose last call failed after every retry
@@ -571,7 +574,7 @@ class ClusterBackend(Backend):
         A SUCCESS result may join several answers (up to ``max_rows`` queue offsets or
         ``max_bytes`` of records): its body is their records end to end, its next_begin_offset
         the last one's."""
-        if self.spec.native_pulls and self.spec.credentials is None:
+        if self.spec.native_pulls and self.spec.credentials is None:     # (TLS: in C too)
             template = native_pull.pull_template(rq.pull_fields(
                 self.spec.pull_group, mq.topic, mq.queue_id, 0,
                 subscription=sub.expression if not sub.sub_all else "*",
@@ -588,7 +591,8 @@ class ClusterBackend(Backend):
             puller = idle.pop()
             if not puller.closed:
                 return puller, True
-        return native_pull.NativePuller(addr, connect_timeout=self.client.connect_timeout), False
+        return native_pull.NativePuller(addr, connect_timeout=self.client.connect_timeout,
+                                        tls=self.spec.tls), False
 
     def _give_back(self, pullers: dict) -> None:
         idle = self._local.__dict__.setdefault("idle", {})

@@ -22,6 +22,7 @@ from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqRemotingConnecti
 from rmq_source.remote import frames
 from rmq_source.remote.acl import Credentials, signed_fields
 from rmq_source.remote.frames import RemotingCommand
+from rmq_source.remote.tls import TlsConfig, TlsStream
 
 DEFAULT_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
@@ -100,8 +101,10 @@ class Connection:
     def __init__(self, addr: str, *, connect_timeout: float = CONNECT_TIMEOUT,
                  serialize_type: int = frames.SERIALIZE_JSON,
                  on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None,
-                 credentials: Credentials | None = None, reader_thread: bool = True):
-        """With ``credentials`` every request is ACL-signed (:mod:`rmq_source.remote.acl`).
+                 credentials: Credentials | None = None, reader_thread: bool = True,
+                 tls: TlsConfig | None = None):
+        """With ``credentials`` every request is ACL-signed (:mod:`rmq_source.remote.acl`); with
+        ``tls`` the connection speaks TLS (:mod:`rmq_source.remote.tls`, handshake here).
         Without ``reader_thread`` the threads waiting for answers read the socket themselves (one
         at a time, each handing out every answer it reads): no thread switch per answer, for
         connections that only carry requests and their answers (pulls); requests the server
@@ -121,6 +124,14 @@ class Connection:
             raise RmqRemotingConnectionError(f"cannot connect: {exc}", peer=addr) from exc
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._tls = None
+        self._answered = False
+        if tls is not None:
+            try:
+                self._tls = TlsStream(self._sock, tls, host, addr, connect_timeout)
+            except BaseException:
+                self._sock.close()
+                raise
         self._opaque = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()
@@ -202,27 +213,34 @@ class Connection:
         except RmqRemotingError as exc:
             raise type(exc)(str(exc), peer=self.addr, request=describe(cmd)) from None
         with self._send_lock:
-            while data:
+            if self._tls is not None:
+                data = memoryview(self._tls.encrypt(data))
+            self._write_all(data, deadline, cmd)
+
+    def _write_all(self, data: memoryview, deadline: float, cmd: RemotingCommand | None) -> None:
+        """Send ``data`` on the socket (the send lock held); a failure fails the connection."""
+        what = describe(cmd) if cmd is not None else "TLS records"
+        while data:
+            try:
+                n = self._sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:       # the peer's window is full: wait until writable
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    err = RmqRemotingTimeoutError("send timed out (peer not reading)",
+                                                  peer=self.addr, request=what)
+                    self._fail(err)      # a partly written frame leaves the stream unusable
+                    raise err
                 try:
-                    n = self._sock.send(data, socket.MSG_DONTWAIT)
-                except BlockingIOError:       # the peer's window is full: wait until writable
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        err = RmqRemotingTimeoutError("send timed out (peer not reading)",
-                                                      peer=self.addr, request=describe(cmd))
-                        self._fail(err)      # a partly written frame leaves the stream unusable
-                        raise err
-                    try:
-                        select.select([], [self._sock], [], min(left, 0.5))
-                    except (OSError, ValueError):
-                        pass                 # the send after it reports what is wrong
-                    continue
-                except (OSError, ValueError) as exc:
-                    err = RmqRemotingConnectionError(f"send failed: {exc}", peer=self.addr,
-                                                     request=describe(cmd))
-                    self._fail(err)
-                    raise err from exc
-                data = data[n:]
+                    select.select([], [self._sock], [], min(left, 0.5))
+                except (OSError, ValueError):
+                    pass                 # the send after it reports what is wrong
+                continue
+            except (OSError, ValueError) as exc:
+                err = RmqRemotingConnectionError(f"send failed: {exc}", peer=self.addr,
+                                                 request=what)
+                self._fail(err)
+                raise err from exc
+            data = data[n:]
 
     def _read_frame(self, deadline: float | None) -> bytes | None:
         """The next frame's bytes after its length prefix; None when ``deadline`` passed first
@@ -252,11 +270,22 @@ class Connection:
                 if self._closed:
                     raise _Stop() from None
                 raise RmqRemotingConnectionError(f"receive failed: {exc}", peer=self.addr) from None
+            if chunk and self._tls is not None:
+                chunk, tls_closed = self._tls.decrypt(chunk)
+                if self._tls.has_output:
+                    self._send_tls_output()
+                if not chunk and not tls_closed:
+                    continue                 # a record not complete yet
             if not chunk:
                 if self._closed:
                     raise _Stop()
                 if not buf:
-                    raise RmqRemotingConnectionError("connection closed by the peer", peer=self.addr)
+                    hint = ""
+                    if not self._answered and self._tls is None:
+                        hint = (" before answering anything (a server with tls.server.mode="
+                                "enforcing closes plain connections: set useTLS=true)")
+                    raise RmqRemotingConnectionError("connection closed by the peer" + hint,
+                                                     peer=self.addr)
                 if len(buf) < 4:
                     raise RmqRemotingConnectionError(
                         f"truncated frame: the peer closed the connection after {len(buf)} of 4 "
@@ -266,12 +295,20 @@ class Connection:
                     f"{_I32.unpack_from(buf, 0)[0]} bytes of the frame content", peer=self.addr)
             buf += chunk
 
+    def _send_tls_output(self) -> None:
+        """Records the TLS session made while reading, sent in their turn."""
+        with self._send_lock:
+            data = self._tls.pending_output()
+            if data:
+                self._write_all(memoryview(data), time.monotonic() + DEFAULT_TIMEOUT, None)
+
     def _dispatch(self, payload: bytes) -> None:
         try:
             cmd = frames.decode(payload)
         except RmqRemotingProtocolError as exc:
             raise RmqRemotingProtocolError(str(exc), peer=self.addr) from None
         if cmd.is_response:
+            self._answered = True
             with self._lock:
                 pending = self._pending.pop(cmd.opaque, None)
             if pending is not None:      # else: the caller timed out already
@@ -409,11 +446,13 @@ class RemotingClient:
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT,
                  serialize_type: int = frames.SERIALIZE_JSON,
                  on_request: Callable[[RemotingCommand], RemotingCommand | None] | None = None,
-                 credentials: Credentials | None = None, reader_thread: bool = True):
+                 credentials: Credentials | None = None, reader_thread: bool = True,
+                 tls: TlsConfig | None = None):
         """With ``credentials`` every request is ACL-signed; an answer refusing them raises
         :class:`RmqAuthError` whatever ``ok`` a call passes (never retried here).
-        ``reader_thread``: see :class:`Connection`."""
+        ``reader_thread``, ``tls``: see :class:`Connection`."""
         self.reader_thread = reader_thread
+        self.tls = tls
         self.credentials = credentials
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -431,7 +470,8 @@ class RemotingClient:
             if conn is None or conn.closed:
                 conn = Connection(addr, connect_timeout=self.connect_timeout,
                                   serialize_type=self.serialize_type, on_request=self.on_request,
-                                  credentials=self.credentials, reader_thread=self.reader_thread)
+                                  credentials=self.credentials, reader_thread=self.reader_thread,
+                                  tls=self.tls)
                 self._conns[addr] = conn
             return conn
 

@@ -43,7 +43,7 @@ class BrokerMembership:
         self.topics: tuple[str, ...] = ()
         self._joined: set[str] = set()     # names of the brokers heartbeated to
         self.client = RemotingClient(timeout=backend.spec.timeout_s,
-                                     credentials=backend.spec.credentials)
+                                     credentials=backend.spec.credentials, tls=backend.spec.tls)
 
     @staticmethod
     def now_ms() -> int:

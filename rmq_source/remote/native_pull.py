@@ -23,12 +23,14 @@ puller is then unusable (:meth:`~NativePuller.close` it).
 from __future__ import annotations
 
 import socket
+import threading
 from dataclasses import dataclass
 
 from rmq_source.errors import (RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError)
 from rmq_source.remote import frames
 from rmq_source.remote.frames import RemotingCommand
+from rmq_source.remote.tls import TlsConfig
 
 PULL_MESSAGE = 11
 MAX_IN_FLIGHT = 16          # NP_MAX_SLOTS of netpull.c
@@ -95,7 +97,8 @@ class ServerRequest:
 class NativePuller:
     """One connection to the broker ``addr`` (``host:port``) for pulls by the C core."""
 
-    def __init__(self, addr: str, *, connect_timeout: float):
+    def __init__(self, addr: str, *, connect_timeout: float, tls: TlsConfig | None = None):
+        """Connects (and with ``tls`` makes the TLS handshake in C) within ``connect_timeout``."""
         from rmq_source.store.native import ffi, lib
         self._ffi, self._lib = ffi, lib
         self.addr = addr
@@ -118,6 +121,13 @@ class NativePuller:
             self._raise("opening the puller")
         self._handle = ffi.gc(handle, lib.rmq_puller_free)
         self.range_desc = ""
+        if tls is not None:
+            check_host = host.strip("[]").encode() if tls.verify_hostname else None
+            if lib.rmq_puller_tls(self._handle, _native_context(tls),
+                                  ffi.new("char[]", check_host) if check_host else ffi.NULL,
+                                  max(1, int(connect_timeout * 1000)), self._err):
+                refused = "certificate was refused" in ffi.string(self._err.message).decode("utf-8", "replace")
+                self._raise("", hint="; " + tls.refusal_hint() if refused else "")
 
     @property
     def closed(self) -> bool:
@@ -163,11 +173,9 @@ class NativePuller:
         send that fails closes the puller: its next call raises."""
         answer = RemotingCommand(3, remark=f"request code {request.code} not supported by this client",
                                  opaque=request.opaque, flag=frames.FLAG_RESPONSE)
-        try:
-            self._sock.settimeout(10.0)
-            self._sock.sendall(frames.encode(answer))
-            self._sock.settimeout(None)
-        except OSError:
+        data = frames.encode(answer)
+        if self._handle is None or self._lib.rmq_puller_send(
+                self._handle, self._ffi.from_buffer("uint8_t[]", data), len(data), 10_000, self._err):
             self.close()
 
     def close(self) -> None:
@@ -190,9 +198,9 @@ class NativePuller:
         if rc:
             self._raise(self.range_desc)
 
-    def _raise(self, request: str) -> None:
+    def _raise(self, request: str, hint: str = "") -> None:
         lib, err = self._lib, self._err
-        message = self._ffi.string(err.message).decode("utf-8", "replace")
+        message = self._ffi.string(err.message).decode("utf-8", "replace") + hint
         kind = {lib.RMQ_E_NET: RmqRemotingConnectionError, lib.RMQ_E_TIMEOUT: RmqRemotingTimeoutError,
                 lib.RMQ_E_PROTOCOL: RmqRemotingProtocolError}.get(err.code)
         if err.code == lib.RMQ_E_NOMEM:
@@ -202,3 +210,25 @@ class NativePuller:
             kind = RmqRemotingError
         self.close()      # a failed puller is never used again
         raise kind(message, peer=self.addr, request=request or None)
+
+
+_contexts: dict = {}
+_contexts_lock = threading.Lock()
+
+
+def _native_context(tls: TlsConfig):
+    """The C core's TLS context of ``tls`` (made once a process; the files are read then)."""
+    from rmq_source.store.native import ffi, lib
+    with _contexts_lock:
+        ctx = _contexts.get(tls)
+        if ctx is None:
+            def c(text: str | None):
+                return ffi.new("char[]", text.encode()) if text else ffi.NULL
+            err = ffi.new("rmq_error *")
+            handle = lib.rmq_tls_ctx_new(c(tls.trust_cert_path), c(tls.cert_path), c(tls.key_path),
+                                         c(tls.key_password), 1 if tls.verify else 0, err)
+            if handle == ffi.NULL:
+                from rmq_source.errors import RmqOptionError
+                raise RmqOptionError(ffi.string(err.message).decode("utf-8", "replace"))
+            ctx = _contexts[tls] = ffi.gc(handle, lib.rmq_tls_ctx_free)
+        return ctx

@@ -16,7 +16,9 @@ from rmq_source.remote.acl import Credentials
 from rmq_source.namespace import wrap
 from rmq_source.spark.option_values import (NAME_RE, fail, bool_option, int_option, namespace_option,
                                             parse_namesrv_addr, topic_name)
-from rmq_source.spark.options import normalise_options, parse_credentials
+from rmq_source.remote.tls import TlsConfig
+from rmq_source.spark.option_docs import OPTION_DOCS
+from rmq_source.spark.options import TLS_OPTIONS, normalise_options, parse_credentials, parse_tls
 
 #: the broker's default maxMessageSize (4 MiB): a message, and a whole batch, must fit in it
 BROKER_MAX_MESSAGE_SIZE = 4 << 20
@@ -34,6 +36,7 @@ SINK_OPTION_DOCS: dict[str, tuple[str, str]] = {
                           "brokers (system topics left alone). Characters [A-Za-z0-9_-]."),
     "accessKey": ("none", "The ACL account's access key (with secretKey): every request is signed."),
     "secretKey": ("none", "The ACL account's secret key (never shown in logs or errors)."),
+    **{name: OPTION_DOCS[name] for name in TLS_OPTIONS},      # the same as the source's
     "requestTimeoutMs": ("10000", "Timeout of one send or route request, in ms."),
     "requestRetries": ("5", "How many times a failed send is tried again: on another queue when "
                             "its rows have no shardingKey/queueId, else on the same queue once its "
@@ -70,6 +73,7 @@ class SinkOptions:
     topic: str | None
     producer_group: str = DEFAULT_PRODUCER_GROUP
     credentials: Credentials | None = None
+    tls: TlsConfig | None = None
     request_timeout_ms: int = 10_000
     retries: int = 5
     retry_backoff_ms: int = 500
@@ -117,7 +121,7 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
             raise fail("writeId", opts["writeId"], f"expected 1-128 characters of {WRITE_ID_RE.pattern}")
     return SinkOptions(
         namesrv_addrs=parse_namesrv_addr(opts["namesrvAddr"]), topic=topic, producer_group=group,
-        credentials=parse_credentials(opts),
+        credentials=parse_credentials(opts), tls=parse_tls(opts),
         request_timeout_ms=number("requestTimeoutMs", 10_000, 1, 3_600_000),
         retries=number("requestRetries", 5, 0, 1000),
         retry_backoff_ms=number("retryBackoffMs", 500, 0, 600_000),

@@ -52,12 +52,12 @@ _CLIENTS_LOCK = threading.Lock()
 
 def shared_client(opts: SinkOptions) -> RemotingClient:
     """One client per process and settings: Spark reuses its Python workers across tasks."""
-    key = (opts.credentials, opts.request_timeout_ms)
+    key = (opts.credentials, opts.tls, opts.request_timeout_ms)
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
             client = _CLIENTS[key] = RemotingClient(timeout=opts.request_timeout_ms / 1000,
-                                                    credentials=opts.credentials)
+                                                    credentials=opts.credentials, tls=opts.tls)
         return client
 
 

@@ -37,6 +37,26 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                           "with it and secretKey (RocketMQ's AclClientRPCHook). Give both or neither."),
     "secretKey": ("none", "With namesrvAddr: the ACL account's secret key (never shown in logs, "
                           "errors, plans or offsets)."),
+    "useTLS": ("false", "With namesrvAddr: speak TLS to every NameServer and broker (servers with "
+                        "tls.server.mode=enforcing or permissive), from the driver and the tasks. "
+                        "The server's certificate is checked (tlsTrustCertPath, tlsVerifyHostname, "
+                        "tlsSkipVerify)."),
+    "tlsTrustCertPath": ("the system's CAs", "With useTLS: PEM file of the CAs the servers' "
+                                             "certificates must chain to (every host of the job "
+                                             "reads it at the same path)."),
+    "tlsVerifyHostname": ("true", "With useTLS: the server's certificate must name the address "
+                                  "dialled (the IPs the NameServers give for brokers); false checks "
+                                  "the chain only, as RocketMQ's Java client (which never checks "
+                                  "names)."),
+    "tlsSkipVerify": ("false", "With useTLS: true accepts any server certificate (as the Java "
+                               "client's default tls.client.authServer=false): encrypted but not "
+                               "authenticated; for tests."),
+    "tlsCertPath": ("none", "With useTLS: PEM client certificate, for servers that ask for one "
+                            "(tls.server.need.client.auth)."),
+    "tlsKeyPath": ("none", "With tlsCertPath: its PEM private key (if not in the certificate "
+                           "file)."),
+    "tlsKeyPassword": ("none", "With tlsCertPath: the private key's password (never shown in "
+                               "logs, errors, plans or offsets)."),
     "namespace": ("none", "Client namespace, as RocketMQ clients' namespace: every topic and group "
                           "named in the options (topic, offsets JSON, assign, allocateQueues, "
                           "consumerGroup) is <namespace>%<name> on the brokers (retry names "

@@ -42,6 +42,7 @@ from typing import Any, Mapping
 
 from rmq_source.errors import RmqOptionError, RmqStoreLayoutError
 from rmq_source.remote.acl import Credentials
+from rmq_source.remote.tls import TlsConfig, check_file
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import (BROKER_NAME_RE, DEFAULT_OFFSET_STORE_DIRNAME,
                                            check_offset_store_path, default_group_state_path,
@@ -128,6 +129,7 @@ class SourceOptions:
     retry_backoff_ms: int = 500
     broker_outage_ms: int = 180_000                    # see option brokerOutageTimeoutMs
     credentials: Credentials | None = None             # ACL (its repr hides the secret key)
+    tls: TlsConfig | None = None                       # useTLS (its repr hides the key password)
     group_state_path: str | None = None                # live mode, streaming with consumerGroup
     #: the client namespace (rmq_source.namespace); every topic and group above is already
     #: wrapped in it (the names on the brokers), the rows' topic column shows them unwrapped
@@ -186,7 +188,7 @@ def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
     """The NameServers of a live cluster, or None for the store mode."""
     if "namesrvAddr" not in opts:
         for name in ("requestTimeoutMs", "requestRetries", "retryBackoffMs", "brokerOutageTimeoutMs",
-                     "accessKey", "secretKey"):
+                     "accessKey", "secretKey", *TLS_OPTIONS):
             if name in opts:
                 raise RmqOptionError(f"option {name} only applies with namesrvAddr (a live "
                                      "cluster); store folders are read without credentials")
@@ -213,6 +215,44 @@ def parse_credentials(opts: dict[str, str]) -> Credentials | None:
             raise RmqOptionError(f"option {name}: expected a non-empty value without leading or "
                                  "trailing spaces (value hidden)")
     return Credentials(opts["accessKey"], opts["secretKey"])
+
+
+TLS_OPTIONS = ("useTLS", "tlsTrustCertPath", "tlsVerifyHostname", "tlsSkipVerify", "tlsCertPath",
+               "tlsKeyPath", "tlsKeyPassword")
+
+
+def parse_tls(opts: dict[str, str]) -> TlsConfig | None:
+    """TLS settings: None without useTLS=true; the other TLS options need it, files must be
+    readable, and skipping the checks excludes what only a check uses."""
+    on = bool_option("useTLS", opts["useTLS"]) if "useTLS" in opts else False
+    given = [n for n in TLS_OPTIONS[1:] if n in opts]
+    if not on:
+        if given:
+            raise RmqOptionError(f"option {given[0]} only applies with useTLS=true")
+        return None
+    skip = bool_option("tlsSkipVerify", opts["tlsSkipVerify"]) if "tlsSkipVerify" in opts else False
+    hostname = (bool_option("tlsVerifyHostname", opts["tlsVerifyHostname"])
+                if "tlsVerifyHostname" in opts else True)
+    if skip:
+        for name in ("tlsTrustCertPath", "tlsVerifyHostname"):
+            if name in opts:
+                raise RmqOptionError(f"option {name} has no effect with tlsSkipVerify=true (no "
+                                     "certificate is checked); give one or the other")
+    for name in ("tlsKeyPath", "tlsKeyPassword"):
+        if name in opts and "tlsCertPath" not in opts:
+            raise RmqOptionError(f"option {name} only applies with tlsCertPath (the client "
+                                 "certificate it belongs to)")
+    files = {name: check_file(name, opts[name])
+             for name in ("tlsTrustCertPath", "tlsCertPath", "tlsKeyPath") if name in opts}
+    config = TlsConfig(trust_cert_path=files.get("tlsTrustCertPath"), cert_path=files.get("tlsCertPath"),
+                       key_path=files.get("tlsKeyPath"), key_password=opts.get("tlsKeyPassword"),
+                       verify=not skip, verify_hostname=hostname and not skip)
+    try:
+        config.context()               # the files are read now: a bad one fails the query here
+    except (OSError, ValueError) as exc:     # ssl.SSLError is an OSError
+        names = ", ".join(f"{n}={p}" for n, p in files.items())
+        raise RmqOptionError(f"options {names}: cannot be used for TLS ({exc})") from None
+    return config
 
 
 def _parse_brokers(opts: dict[str, str]) -> dict[str, str]:
@@ -290,6 +330,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     namesrv_addrs = _parse_namesrv(opts)
     brokers = {} if namesrv_addrs else _parse_brokers(opts)
     credentials = parse_credentials(opts)
+    tls = parse_tls(opts)
     namespace = namespace_option("namespace", opts["namespace"]) if "namespace" in opts else None
     request_timeout_ms = (int_option("requestTimeoutMs", opts["requestTimeoutMs"], minimum=1,
                                maximum=3_600_000) if "requestTimeoutMs" in opts else 10_000)
@@ -602,5 +643,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
         request_retries=request_retries, retry_backoff_ms=retry_backoff_ms,
         broker_outage_ms=broker_outage_ms,
-        credentials=credentials, group_state_path=group_state_path, namespace=namespace,
+        credentials=credentials, tls=tls, group_state_path=group_state_path, namespace=namespace,
     )

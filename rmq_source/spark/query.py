@@ -14,7 +14,7 @@ def open_backend(opts) -> Backend:
         from rmq_source.remote.backend import PULL_GROUP
         from rmq_source.namespace import wrap
         return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
-                                  credentials=opts.credentials,
+                                  credentials=opts.credentials, tls=opts.tls,
                                   pull_group=opts.consumer_group or wrap(opts.namespace, PULL_GROUP),
                                   retries=opts.request_retries,
                                   retry_backoff_s=opts.retry_backoff_ms / 1000.0,
