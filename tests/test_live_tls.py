@@ -186,8 +186,11 @@ def test_refusals_name_the_server_and_what_to_do(tls_cluster, certs, tmp_path):
     other = NameServer(version, jars, tmp_path / "other",
                        system_props=tls_server_props(certs.named_other, certs.named_other_key))
     permissive = NameServer(version, jars, tmp_path / "permissive")
+    mutual = NameServer(version, jars, tmp_path / "mutual", system_props={
+        **tls_server_props(certs.server_cert, certs.server_key),
+        "tls.server.need.client.auth": "require", "tls.server.trustCertPath": certs.ca})
     try:
-        for server in (other.launch(), permissive.launch()):
+        for server in (other.launch(), permissive.launch(), mutual.launch()):
             server.wait_boot()
         no_name_check = TlsConfig(trust_cert_path=str(certs.ca), verify_hostname=False)
         for connect in (info, lambda tls, at: NativePuller(at, connect_timeout=10, tls=tls).close()):
@@ -197,9 +200,36 @@ def test_refusals_name_the_server_and_what_to_do(tls_cluster, certs, tmp_path):
             text = _refused(lambda: connect(tls_cluster.tls, permissive.addr))
             assert "certificate was refused (self-signed certificate)" in text and permissive.addr in text
         assert info(None, permissive.addr) is not None          # plain still works there
+
+        # a server asking for a client certificate (tls.server.need.client.auth=require)
+        with_cert = TlsConfig(trust_cert_path=str(certs.ca), cert_path=str(certs.client_cert),
+                              key_path=str(certs.client_key))
+        assert info(with_cert, mutual.addr) is not None
+        text = _refused(lambda: info(tls_cluster.tls, mutual.addr))
+        assert "client certificate" in text and "tlsCertPath" in text and mutual.addr in text
+        assert _native_round_trip(mutual.addr, with_cert).code != 0     # its answer came back
+        text = _refused(lambda: _native_round_trip(mutual.addr, tls_cluster.tls))
+        assert mutual.addr in text
     finally:
-        other.stop(graceful=False)
-        permissive.stop(graceful=False)
+        for server in (other, permissive, mutual):
+            server.stop(graceful=False)
+
+
+def _native_round_trip(addr: str, tls: TlsConfig):
+    """A request sent by the C core's puller over TLS to a NameServer (a route request for a topic
+    it does not know, on the puller's template), whose answer must come back through the session:
+    the command answered."""
+    from rmq_source.remote.native_pull import Answer, NativePuller, pull_template
+    puller = NativePuller(addr, connect_timeout=10, tls=tls)
+    try:
+        template = pull_template({"topic": "NoSuchTopicTls"}, code=rq.GET_ROUTEINFO_BY_TOPIC)
+        puller.range(template, 0, 10, per_pull=5, in_flight=1, timeout_s=10, expect_suggest=0,
+                     what="round trip")
+        got = puller.next(100, 1 << 20)
+        assert isinstance(got, Answer), got
+        return got.command
+    finally:
+        puller.close()
 
 
 @pytest.mark.spark

@@ -16,6 +16,8 @@ class Certs:
     other_ca: Path         # a CA that signed nothing here
     named_other: Path      # signed by ca, names only other.example (not the address dialled)
     named_other_key: Path
+    client_cert: Path      # signed by ca, for client authentication
+    client_key: Path
 
 
 def _run(*args: str, cwd: Path) -> None:
@@ -31,13 +33,14 @@ def _ca(folder: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def _leaf(folder: Path, name: str, ca: tuple[Path, Path], san: str) -> tuple[Path, Path]:
+def _leaf(folder: Path, name: str, ca: tuple[Path, Path], san: str,
+          usage: str = "serverAuth") -> tuple[Path, Path]:
     key, csr, cert = folder / f"{name}.key", folder / f"{name}.csr", folder / f"{name}.pem"
     _run("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key), cwd=folder)
     _run("req", "-new", "-key", str(key), "-out", str(csr), "-subj", f"/CN={name}", cwd=folder)
     ext = folder / f"{name}.ext"
     ext.write_text(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
-                   "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+                   f"keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n")
     _run("x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
          "-out", str(cert), "-days", "2", "-extfile", str(ext), cwd=folder)
     return cert, key
@@ -51,4 +54,6 @@ def make_certs(folder: Path) -> Certs:
     ca = _ca(folder, "test-ca")
     server = _leaf(folder, "server", ca, "IP:127.0.0.1,DNS:localhost")
     other = _leaf(folder, "other", ca, "DNS:other.example")
-    return Certs(ca[0], server[0], server[1], _ca(folder, "other-ca")[0], other[0], other[1])
+    client = _leaf(folder, "client", ca, "DNS:client.example", usage="clientAuth")
+    return Certs(ca[0], server[0], server[1], _ca(folder, "other-ca")[0], other[0], other[1],
+                 client[0], client[1])

@@ -236,6 +236,10 @@ class Connection:
                     pass                 # the send after it reports what is wrong
                 continue
             except (OSError, ValueError) as exc:
+                if self._closed and self.close_reason is not None:    # the reader failed it first
+                    why = str(self.close_reason).split("; peer:")[0]
+                    raise RmqRemotingConnectionError(f"connection is closed ({why})", peer=self.addr,
+                                                     request=what) from None
                 err = RmqRemotingConnectionError(f"send failed: {exc}", peer=self.addr,
                                                  request=what)
                 self._fail(err)

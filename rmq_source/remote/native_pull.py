@@ -38,12 +38,13 @@ _OPAQUE_MARK = 1_987_654_321
 _MARKS = (b'"opaque":%d' % _OPAQUE_MARK, b'"<queueOffset>"', b'"<maxMsgNums>"')
 
 
-def pull_template(fields: dict) -> tuple[bytes, tuple[int, int, int]] | None:
-    """The JSON header of a PULL_MESSAGE with ``fields`` (their queueOffset and maxMsgNums are
-    replaced) and where the opaque, the queue offset and the count go; None when the marks used
-    to find those places are not each once in it (a subscription may contain any text)."""
+def pull_template(fields: dict, code: int = PULL_MESSAGE) -> tuple[bytes, tuple[int, int, int]] | None:
+    """The JSON header of a PULL_MESSAGE (tests: another request ``code``) with ``fields`` (their
+    queueOffset and maxMsgNums are replaced) and where the opaque, the queue offset and the count
+    go; None when the marks used to find those places are not each once in it (a subscription may
+    contain any text)."""
     ext = dict(frames.str_fields(fields), queueOffset="<queueOffset>", maxMsgNums="<maxMsgNums>")
-    header = frames.encode_header(RemotingCommand(PULL_MESSAGE, ext, opaque=_OPAQUE_MARK))
+    header = frames.encode_header(RemotingCommand(code, ext, opaque=_OPAQUE_MARK))
     at = [header.find(m) for m in _MARKS]
     if any(header.count(m) != 1 for m in _MARKS) or at != sorted(at):
         return None

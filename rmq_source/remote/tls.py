@@ -93,6 +93,16 @@ def check_file(option: str, path: str) -> str:
     return full
 
 
+def _client_cert_hint(exc: ssl.SSLError) -> str:
+    """What to do when the server's alert refuses our client certificate or its absence (with
+    TLS 1.3 the alert comes after the handshake, on the first record read)."""
+    reason = str(exc.reason or exc).upper()
+    if "CERTIFICATE_REQUIRED" in reason or "BAD_CERTIFICATE" in reason:
+        return (" (the server asks for a client certificate, tls.server.need.client.auth, and got "
+                "none it trusts: give tlsCertPath and tlsKeyPath, signed by a CA it trusts)")
+    return ""
+
+
 class TlsStream:
     """The TLS session of one connection (module doc). The handshake runs in the constructor,
     within ``timeout`` seconds."""
@@ -119,8 +129,8 @@ class TlsStream:
                     f"TLS handshake failed: the server's certificate was refused "
                     f"({exc.verify_message}); " + config.refusal_hint(), peer=addr) from None
             except ssl.SSLError as exc:
-                raise RmqRemotingConnectionError(f"TLS handshake failed: {exc.reason or exc}",
-                                                 peer=addr) from None
+                raise RmqRemotingConnectionError(f"TLS handshake failed: {exc.reason or exc}"
+                                                 + _client_cert_hint(exc), peer=addr) from None
 
     def _flush_blocking(self, deadline: float) -> None:
         data = self._out.read()
@@ -181,8 +191,8 @@ class TlsStream:
                     closed = True
                     break
                 except ssl.SSLError as exc:
-                    raise RmqRemotingConnectionError(f"TLS record refused: {exc.reason or exc}",
-                                                     peer=self.addr) from None
+                    raise RmqRemotingConnectionError(f"TLS record refused: {exc.reason or exc}"
+                                                     + _client_cert_hint(exc), peer=self.addr) from None
                 if not chunk:
                     closed = True
                     break
