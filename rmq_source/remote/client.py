@@ -219,7 +219,8 @@ class Connection:
 
     def _write_all(self, data: memoryview, deadline: float, cmd: RemotingCommand | None) -> None:
         """Send ``data`` on the socket (the send lock held); a failure fails the connection."""
-        what = describe(cmd) if cmd is not None else "TLS records"
+        def what() -> str:                      # (named only in errors: not per send)
+            return describe(cmd) if cmd is not None else "TLS records"
         while data:
             try:
                 n = self._sock.send(data, socket.MSG_DONTWAIT)
@@ -227,7 +228,7 @@ class Connection:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     err = RmqRemotingTimeoutError("send timed out (peer not reading)",
-                                                  peer=self.addr, request=what)
+                                                  peer=self.addr, request=what())
                     self._fail(err)      # a partly written frame leaves the stream unusable
                     raise err
                 try:
@@ -239,9 +240,9 @@ class Connection:
                 if self._closed and self.close_reason is not None:    # the reader failed it first
                     why = str(self.close_reason).split("; peer:")[0]
                     raise RmqRemotingConnectionError(f"connection is closed ({why})", peer=self.addr,
-                                                     request=what) from None
+                                                     request=what()) from None
                 err = RmqRemotingConnectionError(f"send failed: {exc}", peer=self.addr,
-                                                 request=what)
+                                                 request=what())
                 self._fail(err)
                 raise err from exc
             data = data[n:]

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingTimeoutError
+from rmq_source.errors import RmqOptionError, RmqRemotingConnectionError, RmqRemotingTimeoutError
 
 _contexts: dict = {}
 _contexts_lock = threading.Lock()
@@ -86,7 +86,6 @@ class TlsConfig:
 
 def check_file(option: str, path: str) -> str:
     """``path`` made absolute; an unreadable file is an error naming the option."""
-    from rmq_source.errors import RmqOptionError
     full = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(full) or not os.access(full, os.R_OK):
         raise RmqOptionError(f"option {option}: {full!r} is not a readable file")
@@ -123,7 +122,7 @@ class TlsStream:
                 return
             except ssl.SSLWantReadError:
                 self._flush_blocking(deadline)
-                self._receive_blocking(deadline, config)
+                self._receive_blocking(deadline)
             except ssl.SSLCertVerificationError as exc:
                 raise RmqRemotingConnectionError(
                     f"TLS handshake failed: the server's certificate was refused "
@@ -145,7 +144,7 @@ class TlsStream:
             finally:
                 self.sock.settimeout(None)
 
-    def _receive_blocking(self, deadline: float, config: TlsConfig) -> None:
+    def _receive_blocking(self, deadline: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise RmqRemotingTimeoutError("TLS handshake timed out (no answer from the server)",

@@ -119,32 +119,31 @@ def wrap_names(namespace: str | None, name: str, value: str, names: tuple[str, .
     return wrapped
 
 
-def wrap_topic_keys(namespace: str | None, name: str, value: str, table: dict) -> dict:
-    """``{topic: ...}`` with its topics wrapped in ``namespace``; two that become one fail."""
+def _wrap_keys(namespace: str | None, name: str, value: str, table: dict, rekey, shown) -> dict:
+    """``table`` with each key ``rekey``-ed into ``namespace``; two keys that become one fail
+    (``shown(key)`` names it)."""
     if not namespace:
         return table
     out = {}
-    for topic, entry in table.items():
-        key = wrap(namespace, topic)
-        if key in out:
-            raise fail(name, value, f"topic {key} is named twice in namespace {namespace}")
-        out[key] = entry
+    for key, entry in table.items():
+        new = rekey(key)
+        if new in out:
+            raise fail(name, value, f"{shown(new)} is named twice in namespace {namespace}")
+        out[new] = entry
     return out
+
+
+def wrap_topic_keys(namespace: str | None, name: str, value: str, table: dict) -> dict:
+    """``{topic: ...}`` with its topics wrapped in ``namespace``; two that become one fail."""
+    return _wrap_keys(namespace, name, value, table, lambda t: wrap(namespace, t), lambda t: f"topic {t}")
 
 
 def wrap_queue_keys(namespace: str | None, name: str, value: str, offsets: dict) -> dict:
     """``{MessageQueue: offset}`` with its topics wrapped in ``namespace``; two queues that
     become one fail."""
-    if not namespace:
-        return offsets
-    out = {}
-    for mq, offset in offsets.items():
-        key = MessageQueue(wrap(namespace, mq.topic), mq.broker_name, mq.queue_id)
-        if key in out:
-            raise fail(name, value, f"queue {key.topic}/{key.broker_name}/{key.queue_id} is named "
-                                    f"twice in namespace {namespace}")
-        out[key] = offset
-    return out
+    return _wrap_keys(namespace, name, value, offsets,
+                      lambda mq: MessageQueue(wrap(namespace, mq.topic), mq.broker_name, mq.queue_id),
+                      lambda mq: f"queue {mq.topic}/{mq.broker_name}/{mq.queue_id}")
 
 
 def json_object(name: str, value: str, shape: str) -> dict:

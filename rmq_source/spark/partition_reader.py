@@ -82,11 +82,8 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     """
     if not isinstance(part, RmqInputPartition):
         return
-    if not part.namespace:
-        yield from _read_ranges(part)
-        return
     for batch in _read_ranges(part):
-        yield unwrap_topic_column(batch, part.namespace)
+        yield unwrap_topic_column(batch, part.namespace)     # (as it is without a namespace)
 
 
 def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
