@@ -49,6 +49,9 @@ ADD_OPENS = [
     "--add-opens=java.base/java.util=ALL-UNNAMED",
 ]
 
+#: JVM flags of the test servers: a small serial heap, C1 only (they start faster; no long runs)
+TEST_JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
 _POM = """<?xml version="1.0" encoding="UTF-8"?>
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -61,7 +64,7 @@ _POM = """<?xml version="1.0" encoding="UTF-8"?>
   </dependencies>
 </project>
 """
-_DEP = """    <dependency><groupId>org.apache.rocketmq</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"""
+_DEP = """    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version></dependency>"""
 
 _LOGBACK = """<?xml version="1.0" encoding="UTF-8"?>
 <configuration>
@@ -92,28 +95,36 @@ def tool_missing() -> str | None:
 
 def resolve_jars(version: str, *, timeout: float = 1500.0) -> Path:
     """The folder of every runtime jar of ``version`` (downloaded once into the cache)."""
+    return maven_jars(f"rocketmq-{version}", [("org.apache.rocketmq", a, version) for a in ARTIFACTS],
+                      "rocketmq-broker-*.jar", timeout=timeout, what=f"RocketMQ {version}")
+
+
+def maven_jars(name: str, coords, expect_glob: str, *, timeout: float = 1500.0, what: str = "") -> Path:
+    """The folder ``name`` in the cache holding the runtime jars of ``coords`` ((group, artifact,
+    version) tuples) and their dependencies, resolved from Maven Central once; ``expect_glob`` names a
+    jar that must be among them."""
     why = tool_missing()
     if why:
         raise BrokerUnavailable(why)
-    folder = cache_root() / f"rocketmq-{version}"
+    folder = cache_root() / name
     if (folder / MARKER).is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     # test runs or benches started side by side download one at a time
-    with open(folder.parent / f".rocketmq-{version}.lock", "w") as lock:
+    with open(folder.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / MARKER).is_file():
             return folder
-        return _download(version, folder, timeout)
+        return _download(coords, folder, expect_glob, timeout, what or name)
 
 
-def _download(version: str, folder: Path, timeout: float) -> Path:
+def _download(coords, folder: Path, expect_glob: str, timeout: float, what: str) -> Path:
     if folder.exists():
         shutil.rmtree(folder)          # an interrupted download: start again
     folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"rocketmq-{version}-", dir=folder.parent))
+    work = Path(tempfile.mkdtemp(prefix=f"{folder.name}-", dir=folder.parent))
     try:
-        deps = "\n".join(_DEP.format(a=a, v=version) for a in ARTIFACTS)
+        deps = "\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in coords)
         (work / "pom.xml").write_text(_POM.format(deps=deps))
         jars = work / "lib"
         cmd = ["mvn", "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
@@ -121,11 +132,11 @@ def _download(version: str, folder: Path, timeout: float) -> Path:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise BrokerUnavailable(f"mvn did not resolve RocketMQ {version} in {timeout:.0f} s") from exc
-        if proc.returncode != 0 or not any(jars.glob("rocketmq-broker-*.jar")):
+            raise BrokerUnavailable(f"mvn did not resolve {what} in {timeout:.0f} s") from exc
+        if proc.returncode != 0 or not any(jars.glob(expect_glob)):
             tail = (proc.stdout + proc.stderr)[-2000:]
-            raise BrokerUnavailable(f"mvn could not resolve RocketMQ {version} (exit {proc.returncode}): {tail}")
-        (jars / MARKER).write_text(f"{version}\n")
+            raise BrokerUnavailable(f"mvn could not resolve {what} (exit {proc.returncode}): {tail}")
+        (jars / MARKER).write_text(f"{what}\n")
         os.replace(jars, folder)        # appears whole, marker included
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -250,9 +261,12 @@ class JavaServer:
     name = "server"
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, heap_mb: int = 320,
-                 direct_mb: int = 256, system_props: dict | None = None):
+                 direct_mb: int = 256, system_props: dict | None = None,
+                 jvm_opts: tuple[str, ...] = TEST_JVM_OPTS):
         """``system_props``: Java system properties (``-Dkey=value``) of the JVM, e.g. the
-        broker's ``rocketmq.broker.rebalance.lockMaxLiveTime``."""
+        broker's ``rocketmq.broker.rebalance.lockMaxLiveTime``; ``jvm_opts``: the JIT and GC flags
+        (:data:`TEST_JVM_OPTS` boot fast; a bench passes ``()`` for the JVM's defaults)."""
+        self.jvm_opts = tuple(jvm_opts)
         self.system_props = dict(system_props or {})
         self.version = version
         self.jars = Path(jars)
@@ -281,7 +295,7 @@ class JavaServer:
 
     def java_command(self, main: str, args: list[str]) -> list[str]:
         return ["java", f"-Xmx{self.heap_mb}m", "-Xms32m", f"-XX:MaxDirectMemorySize={self.direct_mb}m",
-                "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss512k", *ADD_OPENS,
+                *self.jvm_opts, "-Xss512k", *ADD_OPENS,
                 f"-Duser.home={self.home}", f"-Drocketmq.home.dir={self.rocketmq_home}",
                 "-Drocketmq.broker.diskSpaceWarningLevelRatio=0.98",
                 "-Drocketmq.client.logUseSlf4j=true", "-Dio.netty.leakDetection.level=disabled",

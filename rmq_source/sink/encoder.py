@@ -16,6 +16,8 @@ do not depend on how Spark cut the rows. A row that cannot be a message is repor
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -33,7 +35,6 @@ _VAR = (pa.types.is_binary, pa.types.is_string, pa.types.is_large_binary, pa.typ
 _TEXT = (pa.types.is_string, pa.types.is_large_string)
 _LIST = (pa.types.is_list, pa.types.is_large_list)
 _PERSON16 = PERSON.ljust(16, b"\0")
-_RESERVED = pa.array(sorted(RESERVED_PROPERTIES))
 _VISIBLE = "[!-~]"      # a visible ASCII character: not blank whatever else the text holds
 
 
@@ -179,7 +180,7 @@ class BatchEncoder:
             return
         doubt = pc.or_kleene(pc.invert(pc.match_substring_regex(names, _VISIBLE)),
                              pc.invert(pc.match_substring_regex(values, _VISIBLE)))
-        doubt = pc.or_(pc.fill_null(doubt, True), pc.is_in(names, value_set=_RESERVED))
+        doubt = pc.or_(pc.fill_null(doubt, True), pc.is_in(names, value_set=_reserved()))
         entries = np.flatnonzero(doubt.to_numpy(zero_copy_only=False))
         if not len(entries):
             return
@@ -211,3 +212,9 @@ class BatchEncoder:
         """The batch left open, if any."""
         done, self._open = self._open, None
         return done
+
+
+@functools.cache
+def _reserved() -> pa.Array:
+    # built on first use: pa.array imports pandas (0.2 s) in every process that imports the sink
+    return pa.array(sorted(RESERVED_PROPERTIES))

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_source.errors import RmqCorruptStoreError, RmqMissingDependencyError
+from rmq_source.schema import numpy_view
 
 COMPRESSED_FLAG = 0x1
 COMPRESSION_TYPE_MASK = 0x700
@@ -66,7 +67,7 @@ def decompress_bodies(bodies: pa.Array, sys_flags: pa.Array, commitlog_offsets: 
     CommitLog offset.
     """
     if sys_flags.null_count == 0:   # (the decoder's column: numpy reads it without a copy)
-        if not (sys_flags.to_numpy(zero_copy_only=True) & COMPRESSED_FLAG).any():
+        if not (numpy_view(sys_flags) & COMPRESSED_FLAG).any():
             return bodies
     elif not pc.any(pc.not_equal(pc.bit_wise_and(sys_flags, COMPRESSED_FLAG), 0)).as_py():
         return bodies

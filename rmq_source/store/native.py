@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from rmq_source.errors import RmqCorruptStoreError, RmqOptionError, RmqStoreIOError, RmqStoreLayoutError
-from rmq_source.schema import ARROW_SCHEMA
+from rmq_source.schema import ARROW_SCHEMA, empty_batch
 
 _BUILD = os.environ.get("RMQ_NATIVE", "")
 
@@ -307,7 +307,7 @@ def _import_c_schema() -> pa.Schema:
 
 #: NATIVE_SCHEMA as exported by the C core; equal to NATIVE_SCHEMA (tests check it).
 C_SCHEMA = _import_c_schema()
-_EMPTY_BATCH = pa.RecordBatch.from_pylist([], schema=NATIVE_SCHEMA)
+_EMPTY_BATCH = empty_batch(NATIVE_SCHEMA)
 
 
 def _to_arrow(batch_ptr) -> pa.RecordBatch:

@@ -31,7 +31,7 @@ from rmq_source.store.queue_poll import PolledTopic
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
 from rmq_source.backend import DataLossCallback, QueueInfo, ShortReadCallback
-from rmq_source.schema import ARROW_SCHEMA
+from rmq_source.schema import ARROW_SCHEMA, empty_batch, int32_array, repeat_string
 from rmq_source.subscription import Subscription
 
 CQ_UNIT_SIZE = 20
@@ -52,8 +52,8 @@ def native_rows(batch: pa.RecordBatch, topic: str, broker_name: str, queue_id: i
     fields except for light message queues (LMQ), whose records carry the parent topic's. A body
     that does not decompress raises RmqCorruptStoreError with its record's physical offset."""
     n = batch.num_rows
-    return _full_rows(batch, pa.repeat(topic, n), broker_name,
-                      pa.repeat(pa.scalar(queue_id, pa.int32()), n))
+    return _full_rows(batch, repeat_string(topic, n), broker_name,
+                      int32_array(np.full(n, queue_id, dtype=np.int32)))
 
 
 def native_rows_of_queues(parts: list[tuple[pa.RecordBatch, str, np.ndarray]], broker_name: str
@@ -63,20 +63,16 @@ def native_rows_of_queues(parts: list[tuple[pa.RecordBatch, str, np.ndarray]], b
     conversion, not one per queue)."""
     if len(parts) == 1:
         batch, topic, queue_ids = parts[0]
-        return _full_rows(batch, pa.repeat(topic, batch.num_rows), broker_name,
-                          pa.array(queue_ids, pa.int32()))
-    counts = np.fromiter((b.num_rows for b, _, _ in parts), dtype=np.int64, count=len(parts))
-    names: dict[str, int] = {}
-    which = np.fromiter((names.setdefault(t, len(names)) for _, t, _ in parts), dtype=np.int32,
-                        count=len(parts))
-    topics = pa.array(list(names), pa.string()).take(pa.array(np.repeat(which, counts)))
-    queue_ids = pa.array(np.concatenate([q for _, _, q in parts]), pa.int32())
+        return _full_rows(batch, repeat_string(topic, batch.num_rows), broker_name,
+                          int32_array(queue_ids))
+    topics = pa.concat_arrays([repeat_string(t, b.num_rows) for b, t, _ in parts])
+    queue_ids = int32_array(np.concatenate([q for _, _, q in parts]))
     return _full_rows(pa.concat_batches([b for b, _, _ in parts]), topics, broker_name, queue_ids)
 
 
 def _full_rows(batch: pa.RecordBatch, topics: pa.Array, broker_name: str, queue_ids: pa.Array
                ) -> pa.RecordBatch:
-    columns = [topics, pa.repeat(broker_name, batch.num_rows)]
+    columns = [topics, repeat_string(broker_name, batch.num_rows)]
     columns.extend(batch.columns)
     columns[_QUEUE_ID] = queue_ids
     columns[_BODY] = decompress_bodies(columns[_BODY], columns[_SYS_FLAG], columns[_CL_OFFSET])
@@ -552,7 +548,7 @@ class Store:
         """All matching messages of ``[start, end)`` as one RecordBatch (see :meth:`iter_batches`)."""
         batches = list(self.iter_batches(topic, queue_id, start, end, **kwargs))
         if not batches:
-            return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+            return empty_batch(ARROW_SCHEMA)
         if len(batches) == 1:
             return batches[0]
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA).combine_chunks().to_batches()[0]

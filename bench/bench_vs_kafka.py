@@ -1,0 +1,479 @@
+"""Side by side with Spark's own Kafka source: throughput, latency and CPU, same machine, one run.
+
+Starts a real Kafka broker (one KRaft node, ``bench/kafka_server.py``) and a real RocketMQ cluster (a
+NameServer and one broker, ``tests/rocketmq_cluster.py``), both with their JVMs' default JIT and GC and
+the servers' default thread pools, and fills a topic of 8 partitions / 8 queues on each with the same
+messages (``--messages`` of ``--sizes`` bytes; message i: key ``str(i)``, partition / queue ``i % 8``,
+a body cut from the SHA-256 of i), written by Spark's own sinks (``format("kafka")``,
+``format("rmq")``). Then, in one Spark session (``local[2]``, bench/common.py's settings, the Kafka
+connector ``spark-sql-kafka-0-10_2.13`` from Maven Central):
+
+* **batch**: ``spark.read`` of every column into the ``noop`` sink: ``format("kafka")``,
+  ``format("rmq")`` live (``namesrvAddr``) and store mode (``storePath``: the RocketMQ broker's own
+  store folder, the same records); interleaved rounds, best of ``--repeat``;
+* **AvailableNow**: the same through ``readStream`` with ``Trigger.AvailableNow``, capped at a
+  quarter of the messages per micro-batch (``maxOffsetsPerTrigger`` for Kafka,
+  ``maxMessagesPerTrigger`` for rmq), fresh checkpoint per round;
+* **CPU** per million messages of the batch reads: Spark's JVM and its Python workers, and the
+  server's JVM, read from /proc around the best round;
+* **latency** (first size only): a Java producer process (``RateProducer`` below: Kafka's
+  ``KafkaProducer`` or RocketMQ's ``DefaultMQProducer``, asynchronous sends, one message at a time
+  round robin over the 8 partitions / queues) sends ``--rates`` msgs/s for ``--seconds`` to a fresh
+  topic while a ``processingTime`` query (``--trigger-ms``) collects each micro-batch's message
+  timestamps in ``foreachBatch``: latency = the driver's clock when ``collect()`` returned - the
+  producer's clock at send (Kafka: the record's CreateTime; RocketMQ: ``bornTimestamp``); the first
+  ``--warmup`` seconds are not counted.
+
+Each source runs with its defaults (one Spark task per partition / queue) but where said; ``--quick``
+is a smoke run (100,000 messages, 15 s of latency).
+
+    python bench/bench_vs_kafka.py [--quick] [--messages 1000000] [--sizes 1024,100]
+        [--rates 1000,10000] [--plot bench/vs_kafka.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import common
+from common import print_machine, print_table, spark_session, tree_cpu_seconds, jvm_pid
+from kafka_server import KafkaServer
+
+sys.path.insert(0, str(common.REPO / "tests"))
+
+import rocketmq_cluster  # noqa: E402
+from rmq_source.remote import RemotingClient  # noqa: E402
+from rmq_source.remote import requests as rq  # noqa: E402
+from rmq_source.remote.backend import ClusterBackendSpec  # noqa: E402
+
+KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+PARTITIONS = 8
+#: RocketMQ 5.3's own thread pool defaults on 2 cores (the test brokers shrink them to boot fast)
+BROKER_DEFAULT_POOLS = {
+    "sendMessageThreadPoolNums": 2, "pullMessageThreadPoolNums": 20, "queryMessageThreadPoolNums": 10,
+    "adminBrokerThreadPoolNums": 16, "clientManageThreadPoolNums": 32,
+    "consumerManageThreadPoolNums": 32, "heartbeatThreadPoolNums": 2, "serverWorkerThreads": 8,
+    "serverCallbackExecutorThreads": 0, "serverSelectorThreads": 3,
+}
+
+RATE_PRODUCER = r"""
+import java.util.*;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
+
+public class RateProducer {
+    // args: kafka|rmq address topic rate seconds bodyBytes
+    public static void main(String[] a) throws Exception {
+        boolean kafka = a[0].equals("kafka");
+        String topic = a[2];
+        double rate = Double.parseDouble(a[3]);
+        long n = (long) (rate * Double.parseDouble(a[4]));
+        byte[] body = new byte[Integer.parseInt(a[5])];
+        new Random(7).nextBytes(body);
+        AtomicLong acked = new AtomicLong(), failed = new AtomicLong();
+        org.apache.kafka.clients.producer.KafkaProducer<byte[], byte[]> kp = null;
+        org.apache.rocketmq.client.producer.DefaultMQProducer rp = null;
+        List<org.apache.rocketmq.common.message.MessageQueue> queues = null;
+        if (kafka) {
+            Properties p = new Properties();
+            p.put("bootstrap.servers", a[1]);
+            p.put("linger.ms", "0");
+            p.put("key.serializer", "org.apache.kafka.common.serialization.ByteArraySerializer");
+            p.put("value.serializer", "org.apache.kafka.common.serialization.ByteArraySerializer");
+            kp = new org.apache.kafka.clients.producer.KafkaProducer<>(p);
+            kp.partitionsFor(topic);
+        } else {
+            rp = new org.apache.rocketmq.client.producer.DefaultMQProducer("bench_rate_producer");
+            rp.setNamesrvAddr(a[1]);
+            rp.setInstanceName("rate-" + System.nanoTime());
+            rp.start();
+            queues = rp.fetchPublishMessageQueues(topic);
+        }
+        long t0 = System.nanoTime();
+        for (long i = 0; i < n; i++) {
+            long wait = t0 + (long) (i * 1e9 / rate) - System.nanoTime();
+            if (wait > 0) LockSupport.parkNanos(wait);
+            int part = (int) (i % 8);
+            if (kafka) {
+                kp.send(new org.apache.kafka.clients.producer.ProducerRecord<>(topic, part, null, body),
+                        (md, e) -> { if (e == null) acked.incrementAndGet(); else failed.incrementAndGet(); });
+            } else {
+                org.apache.rocketmq.common.message.MessageQueue mq = null;
+                for (org.apache.rocketmq.common.message.MessageQueue q : queues) if (q.getQueueId() == part) mq = q;
+                rp.send(new org.apache.rocketmq.common.message.Message(topic, "t", body), mq,
+                        new org.apache.rocketmq.client.producer.SendCallback() {
+                            public void onSuccess(org.apache.rocketmq.client.producer.SendResult r) { acked.incrementAndGet(); }
+                            public void onException(Throwable e) { failed.incrementAndGet(); }
+                        });
+            }
+        }
+        long deadline = System.nanoTime() + 60_000_000_000L;
+        while (acked.get() + failed.get() < n && System.nanoTime() < deadline) Thread.sleep(10);
+        System.out.println("PRODUCED " + acked.get() + " " + failed.get());
+        if (kafka) kp.close(); else rp.shutdown();
+    }
+}
+"""
+
+
+# ------------------------------------------------------------------------------ servers
+
+def start_servers(workdir: Path):
+    kafka = KafkaServer(workdir / "kafka", partitions=PARTITIONS).start()
+    version, jars = rocketmq_cluster.resolve_line("5.3")
+    cluster = rocketmq_cluster.Cluster(
+        version, jars, workdir / "rocketmq",
+        broker_kw={"heap_mb": 2048, "direct_mb": 1024, "jvm_opts": (), "commitlog_size": 1 << 30,
+                   "cq_units": 300_000, "extra": BROKER_DEFAULT_POOLS},
+        namesrv_extra=None).start()
+    return kafka, cluster
+
+
+def broker(cluster):
+    return next(iter(cluster.brokers.values()))
+
+
+def create_rmq_topic(cluster, topic: str) -> None:
+    with RemotingClient(timeout=30) as client:
+        rq.create_topic(client, broker(cluster).addr, topic, read_queues=PARTITIONS)
+        deadline = time.monotonic() + 60
+        while not rq.topic_route(client, cluster.namesrv_addr, topic).queue_datas:
+            assert time.monotonic() < deadline, f"{topic} never reached the NameServer"
+            time.sleep(0.2)
+
+
+def rmq_messages(cluster, topic: str) -> int:
+    backend = ClusterBackendSpec((cluster.namesrv_addr,), 30.0).open()
+    infos = backend.infos(backend.queues_for_topics([topic]))
+    return sum(i.max_offset - i.min_offset for i in infos.values())
+
+
+# ------------------------------------------------------------------------------ filling
+
+def fill(spark, kafka, cluster, size: int, messages: int) -> dict:
+    """The same ``messages`` into Kafka topic and RocketMQ topic ``Bench<size>``; sink seconds."""
+    topic = f"Bench{size}"
+    create_rmq_topic(cluster, topic)
+    reps = size // 64 + 1
+    rows = spark.range(0, messages, 1, PARTITIONS).selectExpr(
+        f"CAST(id % {PARTITIONS} AS INT) AS part", "CAST(id AS STRING) AS k",
+        f"CAST(substr(repeat(sha2(CAST(id AS STRING), 256), {reps}), 1, {size}) AS BINARY) AS v")
+    t0 = time.perf_counter()
+    (rows.selectExpr("k AS key", "v AS value", "part AS partition").write.format("kafka")
+     .option("kafka.bootstrap.servers", kafka.bootstrap).option("topic", topic).mode("append").save())
+    t1 = time.perf_counter()
+    (rows.selectExpr("v AS body", "k AS keys", "'t' AS tags", "part AS queueId").write.format("rmq")
+     .option("namesrvAddr", cluster.namesrv_addr).option("topic", topic).mode("append").save())
+    t2 = time.perf_counter()
+    deadline = time.monotonic() + 120
+    while rmq_messages(cluster, topic) < messages:      # the broker's ConsumeQueue catches up
+        assert time.monotonic() < deadline, "RocketMQ never listed every message"
+        time.sleep(0.5)
+    return {"topic": topic, "kafka_write": t1 - t0, "rmq_write": t2 - t1}
+
+
+# ------------------------------------------------------------------------------ readers
+
+def kafka_reader(reader, kafka, topic: str):
+    return (reader.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", topic).option("startingOffsets", "earliest"))
+
+
+def rmq_live(reader, cluster, topic: str):
+    return (reader.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
+            .option("startingOffsets", "earliest"))
+
+
+def rmq_store(reader, cluster, topic: str):
+    return (reader.format("rmq").option("storePath", str(broker(cluster).store)).option("topic", topic)
+            .option("startingOffsets", "earliest"))
+
+
+def sources(spark, kafka, cluster, topic: str):
+    """name -> (batch DataFrame factory, streaming reader factory, server pid or None)."""
+    kpid, bpid = kafka.pid, broker(cluster).proc.pid
+    return {
+        "kafka": (lambda r: kafka_reader(r, kafka, topic), "maxOffsetsPerTrigger", kpid),
+        "rmq live": (lambda r: rmq_live(r, cluster, topic), "maxMessagesPerTrigger", bpid),
+        "rmq store": (lambda r: rmq_store(r, cluster, topic), "maxMessagesPerTrigger", None),
+    }
+
+
+def measured(spark, server_pid, run) -> tuple[float, float, float]:
+    """(wall s, Spark CPU s: JVM + Python workers + driver, server CPU s) of ``run()``."""
+    import resource
+    jvm = jvm_pid(spark)
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    s0, k0, t0 = tree_cpu_seconds(jvm), server_pid and tree_cpu_seconds(server_pid), time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    self1 = resource.getrusage(resource.RUSAGE_SELF)
+    driver = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)
+    spark_cpu = tree_cpu_seconds(jvm) - s0 + driver
+    server = (tree_cpu_seconds(server_pid) - k0) if server_pid else 0.0
+    return wall, spark_cpu, server
+
+
+def batch_rounds(spark, srcs, messages: int, repeat: int) -> dict:
+    for name, (make, _, _) in srcs.items():          # warm-up and check: every message once
+        n = make(spark.read).load().count()
+        if n != messages:
+            raise SystemExit(f"{name}: read {n} messages, expected {messages}")
+    best: dict[str, tuple] = {}
+    for _ in range(repeat):
+        for name, (make, _, pid) in srcs.items():
+            df = make(spark.read).load()
+            r = measured(spark, pid, lambda: df.write.format("noop").mode("overwrite").save())
+            if name not in best or r[0] < best[name][0]:
+                best[name] = r
+    return best
+
+
+def stream_rounds(spark, srcs, messages: int, repeat: int, workdir: Path) -> dict:
+    cap = max(1, messages // 4)
+    best: dict[str, tuple] = {}
+    for r in range(repeat):
+        for name, (make, cap_option, pid) in srcs.items():
+            chk = workdir / f"chk_{name.replace(' ', '_')}_{r}"
+            shutil.rmtree(chk, ignore_errors=True)
+            df = make(spark.readStream).option(cap_option, str(cap)).load()
+            box = {}
+
+            def run():
+                q = (df.writeStream.format("noop").option("checkpointLocation", str(chk))
+                     .trigger(availableNow=True).start())
+                q.awaitTermination()
+                box["q"] = q
+            res = measured(spark, pid, run)
+            q = box["q"]
+            if q.exception() is not None:
+                raise SystemExit(f"{name} stream failed: {q.exception()}")
+            rows = sum(p["numInputRows"] for p in q.recentProgress)
+            if rows != messages:
+                raise SystemExit(f"{name} stream read {rows} rows, expected {messages}")
+            batches = sum(1 for p in q.recentProgress if p["numInputRows"])
+            if name not in best or res[0] < best[name][0]:
+                best[name] = (*res, batches)
+    return best
+
+
+# ------------------------------------------------------------------------------ latency
+
+def java_producer(cluster, kafka, workdir: Path) -> list[str]:
+    """The command line prefix of RateProducer (compiled once)."""
+    src = workdir / "java"
+    src.mkdir(exist_ok=True)
+    (src / "RateProducer.java").write_text(RATE_PRODUCER)
+    kjars = [str(p) for p in sorted(kafka.jars.glob("*.jar"))
+             if p.name.startswith(("kafka-clients-", "lz4-", "snappy-", "zstd-"))]
+    cp = ":".join([rocketmq_cluster.java_class_path(cluster.jars), *kjars])
+    subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src), str(src / "RateProducer.java")],
+                   check=True, capture_output=True, timeout=300)
+    return ["java", "-Xmx512m", *rocketmq_cluster.ADD_OPENS, f"-Duser.home={src}",
+            "-Drocketmq.client.logUseSlf4j=true", "-cp", f"{src}:{cp}", "RateProducer"]
+
+
+def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rate: float,
+            seconds: float, warmup: float, trigger_ms: int, size: int) -> dict:
+    topic = f"Lat{system.capitalize()}{int(rate)}"
+    chk = workdir / f"lat_chk_{topic}"
+    if system == "kafka":
+        reader, ts_col, addr = kafka_reader(spark.readStream, kafka, topic), "timestamp", kafka.bootstrap
+        (spark.range(PARTITIONS).selectExpr("CAST(id AS INT) AS partition", "CAST('p' AS BINARY) AS value")
+         .write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
+         .option("topic", topic).mode("append").save())
+    else:
+        reader, ts_col, addr = rmq_live(spark.readStream, cluster, topic), "bornTimestamp", cluster.namesrv_addr
+        create_rmq_topic(cluster, topic)
+        (spark.range(PARTITIONS).selectExpr("CAST(id AS INT) AS queueId", "CAST('p' AS BINARY) AS body")
+         .write.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
+         .mode("append").save())
+    seen: list[tuple[int, float]] = []
+    lock = threading.Lock()
+
+    def sink(df, batch_id):
+        rows = df.selectExpr(f"unix_millis({ts_col}) AS ts").collect()
+        now = time.time() * 1000
+        with lock:
+            seen.extend((r.ts, now) for r in rows)
+
+    q = (reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(chk))
+         .trigger(processingTime=f"{trigger_ms} milliseconds").start())
+    deadline = time.time() + 120
+    while len(seen) < PARTITIONS and time.time() < deadline:      # the primers went through
+        time.sleep(0.05)
+    started_ms = time.time() * 1000
+    proc = subprocess.run([*producer_cmd, system, addr, topic, str(rate), str(seconds), str(size)],
+                          capture_output=True, text=True, timeout=seconds + 180)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("PRODUCED ")]
+    if proc.returncode != 0 or not line:
+        raise SystemExit(f"RateProducer {system} failed: {proc.stdout[-1500:]}{proc.stderr[-2500:]}")
+    produced, failed = map(int, line[0].split()[1:])
+    expected = PARTITIONS + produced
+    deadline = time.time() + 60
+    while len(seen) < expected and time.time() < deadline:
+        time.sleep(0.05)
+    progress = [p for p in q.recentProgress if p["numInputRows"]]
+    q.stop()
+    if q.exception() is not None:
+        raise SystemExit(f"{system} latency query failed: {q.exception()}")
+    with lock:
+        got = sorted(seen)[PARTITIONS:]
+    lat = sorted(now - ts for ts, now in got if ts >= started_ms + warmup * 1000)
+
+    def pct(p):
+        return lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))]
+    phases: dict[str, list[float]] = {}
+    for p in progress:
+        for k, v in p["durationMs"].items():
+            phases.setdefault(k, []).append(v)
+    return {"produced": produced, "failed": failed, "received": len(got), "counted": len(lat),
+            "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": lat[-1],
+            "batches": len(progress),
+            "phases": {k: statistics.median(v) for k, v in phases.items()}}
+
+
+# ------------------------------------------------------------------------------ report
+
+def per_m(cpu: float, messages: int) -> str:
+    return f"{cpu / messages * 1e6:.1f}"
+
+
+def report(results: dict, args) -> None:
+    for size, res in results["sizes"].items():
+        n = args.messages
+        b, s = res["batch"], res["stream"]
+        print(f"\n{n:,} messages of {size} B, {PARTITIONS} partitions / queues "
+              f"(sinks filled them in: kafka {res['fill']['kafka_write']:.1f} s, "
+              f"rmq {res['fill']['rmq_write']:.1f} s)")
+        rows = []
+        for name in b:
+            wall, cpu, server = b[name]
+            swall, scpu, sserver, batches = s[name]
+            rows.append([name, f"{n / wall / 1e3:.0f} k", f"{n / swall / 1e3:.0f} k ({batches})",
+                         f"{wall / swall:.2f}", per_m(cpu, n), per_m(server, n) if server else "-"])
+        print_table(["source", "batch msgs/s", "AvailableNow msgs/s (batches)", "stream / batch",
+                     "Spark CPU s per M msgs", "server CPU s per M msgs"], rows)
+        k = n / b["kafka"][0]
+        ks = n / s["kafka"][0]
+        for name, target in (("rmq live", 1.0), ("rmq store", 1.5)):
+            print(f"{name} / kafka: batch {n / b[name][0] / k:.2f}x, AvailableNow "
+                  f"{n / s[name][0] / ks:.2f}x (target >= {target}x)")
+    if results["latency"]:
+        print(f"\nEnd-to-end latency, send -> foreachBatch collect, processingTime {args.trigger_ms} ms, "
+              f"{args.seconds:.0f} s at each rate (first {args.warmup:.0f} s not counted):")
+        print_table(["source", "rate msgs/s", "counted / produced", "micro-batches", "p50 ms", "p95 ms",
+                     "p99 ms", "max ms", "median phases ms"],
+                    [[sys_, f"{rate:,.0f}", f"{r['counted']:,} / {r['produced']:,}", r["batches"],
+                      f"{r['p50']:.0f}", f"{r['p95']:.0f}", f"{r['p99']:.0f}", f"{r['max']:.0f}",
+                      " ".join(f"{k[:12]}={v:.0f}" for k, v in sorted(r["phases"].items()))]
+                     for (sys_, rate), r in results["latency"].items()])
+
+
+def plot(results: dict, args, out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(results["sizes"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = ["kafka", "rmq live", "rmq store"]
+    width = 0.13
+    ax = axes[0]
+    for i, name in enumerate(names):
+        for j, (mode, label) in enumerate((("batch", "batch"), ("stream", "AvailableNow"))):
+            vals = [args.messages / results["sizes"][s][mode][name][0] / 1e3 for s in sizes]
+            xs = [x + (i * 2 + j - 2.5) * width for x in range(len(sizes))]
+            ax.bar(xs, vals, width, label=f"{name} {label}", color=f"C{i}", alpha=1.0 if j == 0 else 0.55)
+    ax.set_xticks(range(len(sizes)), [f"{s} B bodies" for s in sizes])
+    ax.set_ylabel("k messages / s")
+    ax.set_title(f"Spark read throughput, {args.messages:,} messages, local[2]")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    lat = results["latency"]
+    rates = sorted({rate for _, rate in lat})
+    for i, system in enumerate(("kafka", "rmq")):
+        for j, p in enumerate(("p50", "p95", "p99")):
+            vals = [lat[(system, r)][p] if (system, r) in lat else 0 for r in rates]
+            xs = [x + (i * 3 + j - 2.5) * width for x in range(len(rates))]
+            ax.bar(xs, vals, width, color=f"C{i}", alpha=(1.0, 0.7, 0.45)[j],
+                   label=f"{'kafka' if system == 'kafka' else 'rmq live'} {p}")
+    ax.set_xticks(range(len(rates)), [f"{r:,.0f} msgs/s" for r in rates])
+    ax.set_ylabel("ms, send -> foreachBatch")
+    ax.set_title(f"Streaming latency, processingTime {args.trigger_ms} ms")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
+
+
+# ------------------------------------------------------------------------------ main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--sizes", default="1024,100")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rates", default="1000,10000")
+    ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--trigger-ms", type=int, default=0)
+    ap.add_argument("--plot", default=str(Path(__file__).resolve().parent / "vs_kafka.png"))
+    ap.add_argument("--json", help="also save the figures here")
+    ap.add_argument("--quick", action="store_true", help="100,000 messages, 15 s of latency a rate")
+    ap.add_argument("--skip", default="", help="comma list of parts not to run: batch,stream,latency")
+    args = ap.parse_args()
+    if args.quick:
+        args.messages, args.seconds, args.repeat = 100_000, 15.0, 2
+    skip = set(filter(None, args.skip.split(",")))
+    workdir = Path(tempfile.mkdtemp(prefix="rmq-vs-kafka-"))
+    spark_conf = {"spark.jars.packages": KAFKA_CONNECTOR}
+    print_machine(spark_conf)
+    kafka, cluster = start_servers(workdir)
+    results: dict = {"sizes": {}, "latency": {}}
+    try:
+        spark = spark_session(extra=spark_conf)
+        sizes = [int(s) for s in args.sizes.split(",")]
+        for size in sizes:
+            print(f"filling {args.messages:,} x {size} B ...", flush=True)
+            f = fill(spark, kafka, cluster, size, args.messages)
+            srcs = sources(spark, kafka, cluster, f["topic"])
+            res = {"fill": f}
+            print("batch reads ...", flush=True)
+            res["batch"] = {} if "batch" in skip else batch_rounds(spark, srcs, args.messages, args.repeat)
+            print("AvailableNow streams ...", flush=True)
+            res["stream"] = ({} if "stream" in skip
+                             else stream_rounds(spark, srcs, args.messages, args.repeat, workdir))
+            results["sizes"][size] = res
+        if "latency" not in skip:
+            cmd = java_producer(cluster, kafka, workdir)
+            for rate in (float(r) for r in args.rates.split(",")):
+                for system in ("kafka", "rmq"):
+                    print(f"latency {system} at {rate:,.0f} msgs/s ...", flush=True)
+                    results["latency"][(system, rate)] = latency(
+                        spark, system, kafka, cluster, cmd, workdir, rate, args.seconds, args.warmup,
+                        args.trigger_ms, sizes[0])
+        spark.stop()
+    finally:
+        cluster.stop()
+        kafka.stop()
+    report(results, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {**results, "latency": {f"{s} {r}": v for (s, r), v in results["latency"].items()}},
+            indent=1, default=str))
+    if args.plot and "batch" not in skip and "stream" not in skip:
+        plot(results, args, args.plot)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
