@@ -16,13 +16,15 @@ connector ``spark-sql-kafka-0-10_2.13`` from Maven Central):
   ``maxMessagesPerTrigger`` for rmq), fresh checkpoint per round;
 * **CPU** per million messages of the batch reads: Spark's JVM and its Python workers, and the
   server's JVM, read from /proc around the best round;
-* **latency** (first size only): a Java producer process (``RateProducer`` below: Kafka's
-  ``KafkaProducer`` or RocketMQ's ``DefaultMQProducer``, asynchronous sends, one message at a time
-  round robin over the 8 partitions / queues) sends ``--rates`` msgs/s for ``--seconds`` to a fresh
-  topic while a ``processingTime`` query (``--trigger-ms``) collects each micro-batch's message
-  timestamps in ``foreachBatch``: latency = the driver's clock when ``collect()`` returned - the
-  producer's clock at send (Kafka: the record's CreateTime; RocketMQ: ``bornTimestamp``); the first
-  ``--warmup`` seconds are not counted.
+* **latency** (first size only): a Java producer process (``RateProducer`` below) sends ``--rates``
+  msgs/s for ``--seconds`` to a fresh topic, one message at a time round robin over the 8 partitions /
+  queues, asynchronously, each client batching what waits as it does by default: Kafka's
+  ``KafkaProducer`` (``linger.ms=5``, its 4.x default), RocketMQ's ``DefaultMQProducer`` with
+  ``autoBatch`` (``batchMaxDelayMs=5``); a ``processingTime`` query (``--trigger-ms``) collects each
+  micro-batch's send times in ``foreachBatch``. The producer writes its clock at the send call into
+  the first 8 bytes of the body; latency = the driver's clock when ``collect()`` returned - that
+  (both systems measured alike, producer batching included); the first ``--warmup`` seconds are
+  not counted.
 
 Each source runs with its defaults (one Spark task per partition / queue) but where said; ``--quick``
 is a smoke run (100,000 messages, 15 s of latency).
@@ -85,7 +87,7 @@ public class RateProducer {
         if (kafka) {
             Properties p = new Properties();
             p.put("bootstrap.servers", a[1]);
-            p.put("linger.ms", "0");
+            p.put("linger.ms", "5");
             p.put("key.serializer", "org.apache.kafka.common.serialization.ByteArraySerializer");
             p.put("value.serializer", "org.apache.kafka.common.serialization.ByteArraySerializer");
             kp = new org.apache.kafka.clients.producer.KafkaProducer<>(p);
@@ -94,6 +96,8 @@ public class RateProducer {
             rp = new org.apache.rocketmq.client.producer.DefaultMQProducer("bench_rate_producer");
             rp.setNamesrvAddr(a[1]);
             rp.setInstanceName("rate-" + System.nanoTime());
+            rp.setAutoBatch(true);
+            rp.batchMaxDelayMs(5);
             rp.start();
             queues = rp.fetchPublishMessageQueues(topic);
         }
@@ -102,13 +106,15 @@ public class RateProducer {
             long wait = t0 + (long) (i * 1e9 / rate) - System.nanoTime();
             if (wait > 0) LockSupport.parkNanos(wait);
             int part = (int) (i % 8);
+            byte[] b = body.clone();
+            java.nio.ByteBuffer.wrap(b).putLong(System.currentTimeMillis());   // the send time
             if (kafka) {
-                kp.send(new org.apache.kafka.clients.producer.ProducerRecord<>(topic, part, null, body),
+                kp.send(new org.apache.kafka.clients.producer.ProducerRecord<>(topic, part, null, b),
                         (md, e) -> { if (e == null) acked.incrementAndGet(); else failed.incrementAndGet(); });
             } else {
                 org.apache.rocketmq.common.message.MessageQueue mq = null;
                 for (org.apache.rocketmq.common.message.MessageQueue q : queues) if (q.getQueueId() == part) mq = q;
-                rp.send(new org.apache.rocketmq.common.message.Message(topic, "t", body), mq,
+                rp.send(new org.apache.rocketmq.common.message.Message(topic, "t", b), mq,
                         new org.apache.rocketmq.client.producer.SendCallback() {
                             public void onSuccess(org.apache.rocketmq.client.producer.SendResult r) { acked.incrementAndGet(); }
                             public void onException(Throwable e) { failed.incrementAndGet(); }
@@ -286,12 +292,12 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
     topic = f"Lat{system.capitalize()}{int(rate)}"
     chk = workdir / f"lat_chk_{topic}"
     if system == "kafka":
-        reader, ts_col, addr = kafka_reader(spark.readStream, kafka, topic), "timestamp", kafka.bootstrap
+        reader, body, addr = kafka_reader(spark.readStream, kafka, topic), "value", kafka.bootstrap
         (spark.range(PARTITIONS).selectExpr("CAST(id AS INT) AS partition", "CAST('p' AS BINARY) AS value")
          .write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
          .option("topic", topic).mode("append").save())
     else:
-        reader, ts_col, addr = rmq_live(spark.readStream, cluster, topic), "bornTimestamp", cluster.namesrv_addr
+        reader, body, addr = rmq_live(spark.readStream, cluster, topic), "body", cluster.namesrv_addr
         create_rmq_topic(cluster, topic)
         (spark.range(PARTITIONS).selectExpr("CAST(id AS INT) AS queueId", "CAST('p' AS BINARY) AS body")
          .write.format("rmq").option("namesrvAddr", cluster.namesrv_addr).option("topic", topic)
@@ -300,7 +306,7 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
     lock = threading.Lock()
 
     def sink(df, batch_id):
-        rows = df.selectExpr(f"unix_millis({ts_col}) AS ts").collect()
+        rows = df.selectExpr(f"CAST(conv(hex(substring({body}, 1, 8)), 16, 10) AS BIGINT) AS ts").collect()
         now = time.time() * 1000
         with lock:
             seen.extend((r.ts, now) for r in rows)
@@ -311,12 +317,16 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
     while len(seen) < PARTITIONS and time.time() < deadline:      # the primers went through
         time.sleep(0.05)
     started_ms = time.time() * 1000
+    server_pid = kafka.pid if system == "kafka" else broker(cluster).proc.pid
+    jvm = jvm_pid(spark)
+    cpu0 = tree_cpu_seconds(jvm), tree_cpu_seconds(server_pid)
     proc = subprocess.run([*producer_cmd, system, addr, topic, str(rate), str(seconds), str(size)],
                           capture_output=True, text=True, timeout=seconds + 180)
     line = [x for x in proc.stdout.splitlines() if x.startswith("PRODUCED ")]
     if proc.returncode != 0 or not line:
         raise SystemExit(f"RateProducer {system} failed: {proc.stdout[-1500:]}{proc.stderr[-2500:]}")
     produced, failed = map(int, line[0].split()[1:])
+    cpu = tree_cpu_seconds(jvm) - cpu0[0], tree_cpu_seconds(server_pid) - cpu0[1]
     expected = PARTITIONS + produced
     deadline = time.time() + 60
     while len(seen) < expected and time.time() < deadline:
@@ -336,9 +346,13 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
         for k, v in p["durationMs"].items():
             phases.setdefault(k, []).append(v)
     return {"produced": produced, "failed": failed, "received": len(got), "counted": len(lat),
+            "spark_cpu_per_m": cpu[0] / produced * 1e6, "server_cpu_per_m": cpu[1] / produced * 1e6,
             "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": lat[-1],
             "batches": len(progress),
-            "phases": {k: statistics.median(v) for k, v in phases.items()}}
+            "phases": {k: statistics.median(v) for k, v in phases.items()},
+            "slowest": sorted(((p["durationMs"]["triggerExecution"], p["numInputRows"],
+                                {k: v for k, v in p["durationMs"].items() if v > 20})
+                               for p in progress), key=lambda x: -x[0])[:4]}
 
 
 # ------------------------------------------------------------------------------ report
@@ -351,6 +365,8 @@ def report(results: dict, args) -> None:
     for size, res in results["sizes"].items():
         n = args.messages
         b, s = res["batch"], res["stream"]
+        if not b or not s:
+            continue
         print(f"\n{n:,} messages of {size} B, {PARTITIONS} partitions / queues "
               f"(sinks filled them in: kafka {res['fill']['kafka_write']:.1f} s, "
               f"rmq {res['fill']['rmq_write']:.1f} s)")
@@ -371,9 +387,10 @@ def report(results: dict, args) -> None:
         print(f"\nEnd-to-end latency, send -> foreachBatch collect, processingTime {args.trigger_ms} ms, "
               f"{args.seconds:.0f} s at each rate (first {args.warmup:.0f} s not counted):")
         print_table(["source", "rate msgs/s", "counted / produced", "micro-batches", "p50 ms", "p95 ms",
-                     "p99 ms", "max ms", "median phases ms"],
+                     "p99 ms", "max ms", "CPU s per M msgs: Spark / server", "median phases ms"],
                     [[sys_, f"{rate:,.0f}", f"{r['counted']:,} / {r['produced']:,}", r["batches"],
                       f"{r['p50']:.0f}", f"{r['p95']:.0f}", f"{r['p99']:.0f}", f"{r['max']:.0f}",
+                      f"{r['spark_cpu_per_m']:.1f} / {r['server_cpu_per_m']:.1f}",
                       " ".join(f"{k[:12]}={v:.0f}" for k, v in sorted(r["phases"].items()))]
                      for (sys_, rate), r in results["latency"].items()])
 

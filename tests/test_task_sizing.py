@@ -13,7 +13,7 @@ from rmq_source.spark.batch_reader import plan_batch
 from rmq_source.spark.options import parse_options
 from rmq_source.backend import coalesce
 from rmq_source.spark.partition_reader import read_partition
-from rmq_source.spark.planner import QUEUE_COST_BYTES, QueueRange, TaskSizing, plan_tasks
+from rmq_source.spark.planner import QUEUE_COST_BYTES, TASK_COST_BYTES, QueueRange, TaskSizing, plan_tasks
 from rmq_source.spark.sizing import CQ_UNIT_BYTES, SAMPLE_MESSAGES, SAMPLE_WINDOWS, _windows, task_sizing
 from rmq_source.spark.query import open_backend
 from rmq_source.store.writer import StoreWriter
@@ -69,6 +69,22 @@ def test_task_count(queues, num_partitions, min_partitions, orderly, expected_ta
     assert len(tasks) == expected_tasks
     read = sorted((r.mq, o) for r in _flat(tasks) for o in range(r.start, r.end))
     assert read == sorted((r.mq, o) for r in ranges for o in range(r.start, r.end))
+
+
+@pytest.mark.parametrize("mib, min_partitions, expected", [
+    (1, None, 1),            # a micro-batch of 1 MiB: one task, not one per core
+    (8, None, 1),            # up to TASK_COST_BYTES: one
+    (9, None, 2),            # more: one per TASK_COST_BYTES, up to the parallelism
+    (40, None, 4),
+    (400, None, 4),          # the parallelism (under maxPartitionBytes' count)
+    (1, 3, 3),               # minPartitions is a floor the user set: kept for small plans
+])
+def test_light_plans_get_fewer_tasks_than_parallelism(mib, min_partitions, expected):
+    sizing = TaskSizing(min_partitions or 4, 1 << 30, {"T": 1024}, 0,
+                        0 if min_partitions else TASK_COST_BYTES)
+    tasks = plan_tasks(_ranges([mib * 1024 // 16] * 16), AVG, "", None, True, min_partitions,
+                       sizing=sizing)
+    assert len(tasks) == expected
 
 
 def test_heavy_backlog_gets_more_tasks_than_parallelism():
@@ -144,6 +160,9 @@ def _opts(root, **extra):
 
 def test_plan_without_num_partitions_packs_small_queues(many_queues, monkeypatch):
     monkeypatch.setattr("rmq_source.spark.sizing.default_parallelism", lambda: 2)
+    # 1,000 small messages weigh less than launching a second task: one task
+    assert [len(p.ranges) for p in plan_batch(_opts(many_queues))] == [200]
+    monkeypatch.setattr("rmq_source.spark.sizing.TASK_COST_BYTES", 1)
     parts = plan_batch(_opts(many_queues))
     assert len(parts) == 2
     assert [r.queue_id for p in parts for r in p.ranges] == list(range(200))

@@ -145,12 +145,13 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "numPartitions": ("sized to the work", "Consumer slots, i.e. Spark tasks per (micro-)batch, each "
                       "reading the queues the allocation strategy gives it. Without it every queue "
                       "is a slot and the slots are packed, in order, into tasks: at least "
-                      "minPartitions (default: the CPUs of the planning machine) as far as the "
-                      "queues with data allow, more when the backlog exceeds maxPartitionBytes per "
-                      "task."),
+                      "minPartitions (default: the CPUs of the planning machine, but one task per "
+                      "8 MiB of work when the batch is lighter) as far as the queues with data "
+                      "allow, more when the backlog exceeds maxPartitionBytes per task."),
     "orderly": ("true", "true: a queue is read by one task in offset order; false: ranges may split."),
-    "minPartitions": ("the planning machine's CPUs",
-                      "At least this many tasks when the queues allow: without numPartitions the "
+    "minPartitions": ("the planning machine's CPUs (fewer for light batches)",
+                      "At least this many tasks when the queues allow, however light the batch: "
+                      "without numPartitions the "
                       "slots are packed into this many tasks or more; with orderly=false large "
                       "ranges are also split to reach it (a queue is never split when orderly)."),
     "maxPartitionBytes": (str(DEFAULT_MAX_PARTITION_BYTES), "Without numPartitions: the bytes (estimated from sampled "

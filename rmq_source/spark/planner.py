@@ -49,6 +49,11 @@ class ReadTask:
 #: when every range had its own C call (bench/bench_scale.py), what Spark takes about 64 KiB of
 #: rows in.
 QUEUE_COST_BYTES = 64 << 10
+#: What launching one more task costs, as bytes of reading (Spark's file sources call it
+#: ``spark.sql.files.openCostInBytes``): without ``minPartitions`` a plan lighter than
+#: ``parallelism`` times this gets fewer tasks, one per this many bytes. A Python task's round
+#: trips cost ~50-70 ms on 2 cores, what one task reads ~8-16 MiB in (bench/bench_vs_kafka.py).
+TASK_COST_BYTES = 8 << 20
 #: The bytes per queue offset assumed for a topic when no message could be sampled.
 UNSAMPLED_OFFSET_BYTES = 1024
 
@@ -68,21 +73,27 @@ class TaskSizing:
     """How many tasks a plan without ``numPartitions`` gets, and what each weighs.
 
     A range weighs its offsets times the topic's bytes per offset (sampled with the query's
-    subscription; see :mod:`.sizing`) plus ``queue_cost_bytes``. The plan gets ``max(parallelism,
-    ceil(total weight / max_partition_bytes))`` tasks, but never more than the queues with data.
+    subscription; see :mod:`.sizing`) plus ``queue_cost_bytes``. The plan gets ``max(spread,
+    ceil(total weight / max_partition_bytes))`` tasks, but never more than the queues with data,
+    where ``spread`` is ``parallelism``, or with ``task_cost_bytes`` (0: none) at most
+    ``ceil(total weight / task_cost_bytes)``: a small micro-batch is one task, not one per core.
     """
 
     parallelism: int
     max_partition_bytes: int
     offset_bytes: dict[str, float] = field(default_factory=dict)   # topic -> bytes per offset
     queue_cost_bytes: float = QUEUE_COST_BYTES      # a backend's own (Backend.queue_cost_bytes)
+    task_cost_bytes: float = 0
 
     def weight(self, r: QueueRange) -> float:
         return ((r.end - r.start) * self.offset_bytes.get(r.mq.topic, UNSAMPLED_OFFSET_BYTES)
                 + self.queue_cost_bytes)
 
     def task_count(self, total_weight: float, slots_with_data: int) -> int:
-        wanted = max(self.parallelism, math.ceil(total_weight / self.max_partition_bytes))
+        spread = self.parallelism
+        if self.task_cost_bytes:
+            spread = min(spread, math.ceil(total_weight / self.task_cost_bytes))
+        wanted = max(spread, math.ceil(total_weight / self.max_partition_bytes))
         return max(1, min(slots_with_data, wanted))
 
 

@@ -9,7 +9,8 @@ import operator
 import pyarrow.compute as pc
 
 from rmq_source.errors import RmqSourceError
-from rmq_source.spark.planner import QUEUE_COST_BYTES, QueueRange, TaskSizing, default_parallelism
+from rmq_source.spark.planner import (QUEUE_COST_BYTES, TASK_COST_BYTES, QueueRange, TaskSizing,
+                                      default_parallelism)
 
 log = logging.getLogger(__name__)
 _SIZE = operator.attrgetter("size")
@@ -48,8 +49,10 @@ def task_sizing(opts, backend, ranges: list[QueueRange], known: dict[str, float]
     if len(largest) > SAMPLE_TOPICS and known:
         mean = sum(known.values()) / len(known)
         weights.update((t, mean) for t in largest[SAMPLE_TOPICS:] if t not in known)
+    # minPartitions is a floor the user asked for; the core count is only what could run at once
     return TaskSizing(opts.min_partitions or default_parallelism(), opts.max_partition_bytes, weights,
-                      backend.queue_cost_bytes or QUEUE_COST_BYTES)
+                      backend.queue_cost_bytes or QUEUE_COST_BYTES,
+                      0 if opts.min_partitions else TASK_COST_BYTES)
 
 
 def _sample(opts, backend, ranges: list[QueueRange]) -> float | None:
