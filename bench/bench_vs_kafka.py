@@ -46,8 +46,10 @@ import time
 from pathlib import Path
 
 import common
-from common import print_machine, print_table, spark_session, tree_cpu_seconds, jvm_pid
+from common import (ensure_ceiling_files, jvm_pid, print_machine, print_table, register_ceiling_source,
+                    spark_session, tree_cpu_seconds)
 from kafka_server import KafkaServer
+from python_floor import PythonFloorDataSource
 
 sys.path.insert(0, str(common.REPO / "tests"))
 
@@ -228,7 +230,12 @@ def measured(spark, server_pid, run) -> tuple[float, float, float]:
     return wall, spark_cpu, server
 
 
-def batch_rounds(spark, srcs, messages: int, repeat: int) -> dict:
+def batch_rounds(spark, srcs, messages: int, repeat: int, ceiling: Path) -> dict:
+    """Best (wall, Spark CPU, server CPU) of each source's batch read into noop, and of the Arrow
+    ceiling: a Python source handing Spark the very batches the rmq store read makes (pre-built,
+    memory-mapped), Spark's cost of any Python source moving these rows."""
+    srcs = {**srcs, "python ceiling": (lambda r: r.format("arrow_ceiling").option("path", str(ceiling)),
+                                       None, None)}
     for name, (make, _, _) in srcs.items():          # warm-up and check: every message once
         n = make(spark.read).load().count()
         if n != messages:
@@ -243,14 +250,17 @@ def batch_rounds(spark, srcs, messages: int, repeat: int) -> dict:
     return best
 
 
-def stream_rounds(spark, srcs, messages: int, repeat: int, workdir: Path) -> dict:
-    cap = max(1, messages // 4)
+def stream_rounds(spark, srcs, messages: int, repeat: int, workdir: Path, cap: int | None) -> dict:
+    """Best (wall from start() to the end, Spark CPU, server CPU, micro-batches, sum of the
+    micro-batches' triggerExecution) of each source's AvailableNow run, ``cap`` messages a
+    micro-batch (None: no limit, one micro-batch)."""
     best: dict[str, tuple] = {}
     for r in range(repeat):
         for name, (make, cap_option, pid) in srcs.items():
-            chk = workdir / f"chk_{name.replace(' ', '_')}_{r}"
+            chk = workdir / f"chk_{name.replace(' ', '_')}_{r}_{cap}"
             shutil.rmtree(chk, ignore_errors=True)
-            df = make(spark.readStream).option(cap_option, str(cap)).load()
+            reader = make(spark.readStream)
+            df = (reader if cap is None else reader.option(cap_option, str(cap))).load()
             box = {}
 
             def run():
@@ -266,8 +276,26 @@ def stream_rounds(spark, srcs, messages: int, repeat: int, workdir: Path) -> dic
             if rows != messages:
                 raise SystemExit(f"{name} stream read {rows} rows, expected {messages}")
             batches = sum(1 for p in q.recentProgress if p["numInputRows"])
+            busy = sum(p["durationMs"]["triggerExecution"] for p in q.recentProgress) / 1000
             if name not in best or res[0] < best[name][0]:
-                best[name] = (*res, batches)
+                best[name] = (*res, batches, busy)
+    return best
+
+
+def python_start(spark, workdir: Path, repeat: int) -> float:
+    """Best wall time of a Trigger.AvailableNow run of ``python_floor`` (one micro-batch of one
+    row): what Spark takes to start, run and end a query of a Python streaming source that costs
+    nothing itself."""
+    best = float("inf")
+    for r in range(repeat + 1):
+        chk = workdir / f"chk_floor_{r}"
+        shutil.rmtree(chk, ignore_errors=True)
+        t0 = time.perf_counter()
+        q = (spark.readStream.format("python_floor").option("endMs", "1").load().writeStream
+             .format("noop").option("checkpointLocation", str(chk)).trigger(availableNow=True).start())
+        q.awaitTermination()
+        if r:                                         # the first also starts Python workers
+            best = min(best, time.perf_counter() - t0)
     return best
 
 
@@ -291,7 +319,10 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
             seconds: float, warmup: float, trigger_ms: int, size: int) -> dict:
     topic = f"Lat{system.capitalize()}{int(rate)}"
     chk = workdir / f"lat_chk_{topic}"
-    if system == "kafka":
+    if system == "floor":       # Spark's cost alone: python_floor's perfect broker, no producer
+        reader, body, addr = (spark.readStream.format("python_floor").option("rate", str(rate))
+                              .option("size", str(size))), "value", None
+    elif system == "kafka":
         reader, body, addr = kafka_reader(spark.readStream, kafka, topic), "value", kafka.bootstrap
         (spark.range(PARTITIONS).selectExpr("CAST(id AS INT) AS partition", "CAST('p' AS BINARY) AS value")
          .write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
@@ -317,19 +348,26 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
     while len(seen) < PARTITIONS and time.time() < deadline:      # the primers went through
         time.sleep(0.05)
     started_ms = time.time() * 1000
-    server_pid = kafka.pid if system == "kafka" else broker(cluster).proc.pid
+    server_pid = {"kafka": kafka.pid, "rmq": broker(cluster).proc.pid}.get(system)
     jvm = jvm_pid(spark)
-    cpu0 = tree_cpu_seconds(jvm), tree_cpu_seconds(server_pid)
-    proc = subprocess.run([*producer_cmd, system, addr, topic, str(rate), str(seconds), str(size)],
-                          capture_output=True, text=True, timeout=seconds + 180)
-    line = [x for x in proc.stdout.splitlines() if x.startswith("PRODUCED ")]
-    if proc.returncode != 0 or not line:
-        raise SystemExit(f"RateProducer {system} failed: {proc.stdout[-1500:]}{proc.stderr[-2500:]}")
-    produced, failed = map(int, line[0].split()[1:])
-    cpu = tree_cpu_seconds(jvm) - cpu0[0], tree_cpu_seconds(server_pid) - cpu0[1]
+    cpu0 = tree_cpu_seconds(jvm), server_pid and tree_cpu_seconds(server_pid)
+    until_ms = started_ms + seconds * 1000
+    if system == "floor":
+        time.sleep(seconds)
+        produced, failed = int(rate * seconds), 0
+    else:
+        proc = subprocess.run([*producer_cmd, system, addr, topic, str(rate), str(seconds), str(size)],
+                              capture_output=True, text=True, timeout=seconds + 180)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("PRODUCED ")]
+        if proc.returncode != 0 or not line:
+            raise SystemExit(f"RateProducer {system} failed: {proc.stdout[-1500:]}{proc.stderr[-2500:]}")
+        produced, failed = map(int, line[0].split()[1:])
+        until_ms = float("inf")
+    cpu = (tree_cpu_seconds(jvm) - cpu0[0], (tree_cpu_seconds(server_pid) - cpu0[1]) if server_pid else 0)
     expected = PARTITIONS + produced
     deadline = time.time() + 60
-    while len(seen) < expected and time.time() < deadline:
+    while time.time() < deadline and (len(seen) < expected if system != "floor"
+                                      else max(ts for ts, _ in seen) < until_ms):
         time.sleep(0.05)
     progress = [p for p in q.recentProgress if p["numInputRows"]]
     q.stop()
@@ -337,7 +375,7 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
         raise SystemExit(f"{system} latency query failed: {q.exception()}")
     with lock:
         got = sorted(seen)[PARTITIONS:]
-    lat = sorted(now - ts for ts, now in got if ts >= started_ms + warmup * 1000)
+    lat = sorted(now - ts for ts, now in got if started_ms + warmup * 1000 <= ts <= until_ms)
 
     def pct(p):
         return lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))]
@@ -362,30 +400,42 @@ def per_m(cpu: float, messages: int) -> str:
 
 
 def report(results: dict, args) -> None:
+    n = args.messages
     for size, res in results["sizes"].items():
-        n = args.messages
-        b, s = res["batch"], res["stream"]
+        b, s, one = res["batch"], res["stream"], res["stream_one"]
         if not b or not s:
             continue
         print(f"\n{n:,} messages of {size} B, {PARTITIONS} partitions / queues "
               f"(sinks filled them in: kafka {res['fill']['kafka_write']:.1f} s, "
-              f"rmq {res['fill']['rmq_write']:.1f} s)")
+              f"rmq {res['fill']['rmq_write']:.1f} s); AvailableNow capped at {n // 4:,} a micro-batch "
+              "or uncapped (one micro-batch); msgs/s over the wall time from start() to the end")
         rows = []
         for name in b:
             wall, cpu, server = b[name]
-            swall, scpu, sserver, batches = s[name]
-            rows.append([name, f"{n / wall / 1e3:.0f} k", f"{n / swall / 1e3:.0f} k ({batches})",
-                         f"{wall / swall:.2f}", per_m(cpu, n), per_m(server, n) if server else "-"])
-        print_table(["source", "batch msgs/s", "AvailableNow msgs/s (batches)", "stream / batch",
-                     "Spark CPU s per M msgs", "server CPU s per M msgs"], rows)
-        k = n / b["kafka"][0]
-        ks = n / s["kafka"][0]
+            row = [name, f"{n / wall / 1e3:.0f} k", per_m(cpu, n), per_m(server, n) if server else "-"]
+            if name in s:
+                swall, _, _, batches, busy = s[name]
+                owall = one[name][0]
+                row += [f"{n / swall / 1e3:.0f} k ({batches})", f"{n / owall / 1e3:.0f} k",
+                        f"{wall / swall:.2f} / {wall / owall:.2f}", f"{wall / busy:.2f}"]
+            else:
+                row += ["-"] * 4
+            rows.append(row)
+        print_table(["source", "batch msgs/s", "Spark CPU s per M msgs", "server CPU s per M msgs",
+                     "AvailableNow capped (batches)", "AvailableNow uncapped",
+                     "stream / batch: capped / uncapped", "capped, in micro-batches / batch"], rows)
         for name, target in (("rmq live", 1.0), ("rmq store", 1.5)):
-            print(f"{name} / kafka: batch {n / b[name][0] / k:.2f}x, AvailableNow "
-                  f"{n / s[name][0] / ks:.2f}x (target >= {target}x)")
+            print(f"{name} / kafka: batch {b['kafka'][0] / b[name][0]:.2f}x, AvailableNow capped "
+                  f"{s['kafka'][0] / s[name][0]:.2f}x, uncapped {one['kafka'][0] / one[name][0]:.2f}x "
+                  f"(target >= {target}x)")
+    if "python_start" in results:
+        print(f"\nSpark's start and end of a Trigger.AvailableNow query of a Python streaming source "
+              f"that costs nothing (python_floor, one micro-batch of one row): "
+              f"{results['python_start']:.2f} s")
     if results["latency"]:
         print(f"\nEnd-to-end latency, send -> foreachBatch collect, processingTime {args.trigger_ms} ms, "
-              f"{args.seconds:.0f} s at each rate (first {args.warmup:.0f} s not counted):")
+              f"{args.seconds:.0f} s at each rate (first {args.warmup:.0f} s not counted); floor: "
+              "python_floor, a perfect broker behind a Python source that costs nothing:")
         print_table(["source", "rate msgs/s", "counted / produced", "micro-batches", "p50 ms", "p95 ms",
                      "p99 ms", "max ms", "CPU s per M msgs: Spark / server", "median phases ms"],
                     [[sys_, f"{rate:,.0f}", f"{r['counted']:,} / {r['produced']:,}", r["batches"],
@@ -458,6 +508,9 @@ def main() -> None:
     results: dict = {"sizes": {}, "latency": {}}
     try:
         spark = spark_session(extra=spark_conf)
+        register_ceiling_source(spark)
+        spark.dataSource.register(PythonFloorDataSource)
+        results["python_start"] = python_start(spark, workdir, args.repeat)
         sizes = [int(s) for s in args.sizes.split(",")]
         for size in sizes:
             print(f"filling {args.messages:,} x {size} B ...", flush=True)
@@ -465,15 +518,23 @@ def main() -> None:
             srcs = sources(spark, kafka, cluster, f["topic"])
             res = {"fill": f}
             print("batch reads ...", flush=True)
-            res["batch"] = {} if "batch" in skip else batch_rounds(spark, srcs, args.messages, args.repeat)
+            if "batch" in skip:
+                res["batch"] = {}
+            else:
+                ceiling = ensure_ceiling_files(workdir, broker(cluster).store, topic=f["topic"], quiet=True)
+                res["batch"] = batch_rounds(spark, srcs, args.messages, args.repeat, ceiling)
             print("AvailableNow streams ...", flush=True)
-            res["stream"] = ({} if "stream" in skip
-                             else stream_rounds(spark, srcs, args.messages, args.repeat, workdir))
+            if "stream" in skip:
+                res["stream"] = res["stream_one"] = {}
+            else:
+                res["stream"] = stream_rounds(spark, srcs, args.messages, args.repeat, workdir,
+                                              args.messages // 4)
+                res["stream_one"] = stream_rounds(spark, srcs, args.messages, args.repeat, workdir, None)
             results["sizes"][size] = res
         if "latency" not in skip:
             cmd = java_producer(cluster, kafka, workdir)
             for rate in (float(r) for r in args.rates.split(",")):
-                for system in ("kafka", "rmq"):
+                for system in ("kafka", "rmq", "floor"):
                     print(f"latency {system} at {rate:,.0f} msgs/s ...", flush=True)
                     results["latency"][(system, rate)] = latency(
                         spark, system, kafka, cluster, cmd, workdir, rate, args.seconds, args.warmup,

@@ -319,16 +319,18 @@ def fmt_rate(value: float) -> str:
 
 def ensure_ceiling_files(workdir: str | os.PathLike, store_root: Path, *,
                          batch_rows: int = 65536, batch_bytes: int = 64 << 20,
-                         quiet: bool = False) -> Path:
-    """Arrow IPC files holding exactly the rows ``spark.read.format("rmq")`` returns for the bench
-    topic of ``store_root``: one file per queue (one per rmq input partition), in batches cut by
-    :meth:`Store.iter_batches` with the source's default batchRows/batchBytes, so the ceiling
-    source sends the same batches over the same number of partitions. Written once, reused."""
+                         quiet: bool = False, topic: str = TOPIC) -> Path:
+    """Arrow IPC files holding exactly the rows ``spark.read.format("rmq")`` returns for ``topic``
+    (default: the bench topic) of ``store_root``: one file per queue (one per rmq input
+    partition), in batches cut by :meth:`Store.iter_batches` with the source's default
+    batchRows/batchBytes, so the ceiling source sends the same batches over the same number of
+    partitions. Written once, reused."""
     import pyarrow as pa
     from rmq_source.schema import ARROW_SCHEMA
     from rmq_source.store.reader import Store
 
-    out = Path(workdir) / f"ceiling_{store_root.name}_{batch_rows}r_{batch_bytes}b"
+    name = store_root.name if topic == TOPIC else f"{store_root.name}_{topic}"
+    out = Path(workdir) / f"ceiling_{name}_{batch_rows}r_{batch_bytes}b"
     manifest = out / "ceiling.json"
     if manifest.exists():
         return out
@@ -338,13 +340,13 @@ def ensure_ceiling_files(workdir: str | os.PathLike, store_root: Path, *,
         print(f"writing the Arrow ceiling files to {out} ...", flush=True)
     rows = 0
     with Store(store_root) as store:
-        for q in store.queues([TOPIC]):
+        for q in store.queues([topic]):
             if q.max_offset <= q.min_offset:
                 continue
             path = out / f"part-{q.queue_id:05d}.arrow"
             with pa.OSFile(str(path), "wb") as sink, \
                     pa.ipc.new_file(sink, ARROW_SCHEMA) as w:
-                for batch in store.iter_batches(TOPIC, q.queue_id, q.min_offset, q.max_offset,
+                for batch in store.iter_batches(topic, q.queue_id, q.min_offset, q.max_offset,
                                                 batch_rows=batch_rows, batch_bytes=batch_bytes):
                     w.write_batch(batch)
                     rows += batch.num_rows

@@ -110,6 +110,9 @@ def _expect_offsets(topic: Topic, keep) -> list[tuple[int, int]]:
     return sorted(_key(r) for r in topic.all_rows() if keep(r))
 
 
+FAR = 9_999_999_999_999      # epoch ms after every message
+
+
 def _mid_ts(topic: Topic) -> int:
     return topic.round_starts[1]
 
@@ -131,6 +134,12 @@ CASES = [
      lambda t, r: r.store_timestamp >= _mid_ts(t)),
     ("to-timestamp", lambda t: {"endingTimestamp": str(_mid_ts(t))},
      lambda t, r: r.store_timestamp < _mid_ts(t)),
+    # a window per queue; queue 2 from after its last message: nothing
+    ("by-timestamp", lambda t: {
+        "startingOffsetsByTimestamp": json.dumps({t.name: {"broker-a": {"0": _mid_ts(t), "1": 0, "2": FAR}}}),
+        "endingOffsetsByTimestamp": json.dumps({t.name: {"broker-a": {"0": FAR, "1": _mid_ts(t), "2": FAR}}})},
+     lambda t, r: ((r.queue_id == 0 and r.store_timestamp >= _mid_ts(t))
+                   or (r.queue_id == 1 and r.store_timestamp < _mid_ts(t)))),
     ("partitions", lambda t: {"numPartitions": "2", "subExpression": "t2"},
      lambda t, r: r.properties.get("TAGS") == "t2"),
 ]

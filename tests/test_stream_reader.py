@@ -8,7 +8,7 @@ import shutil
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
-from rmq_source.errors import RmqDataLossError, RmqUnknownTopicError
+from rmq_source.errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
 from rmq_source.spark.offsets import from_json_dict
 from rmq_source.spark.options import parse_options
 from rmq_source.spark.planner import share_limit
@@ -413,3 +413,18 @@ def test_a_queue_without_group_progress_starts_where_rocketmq_clients_start(tmp_
                          streaming=True)
     info = QueueInfo(topic, 0, 5, 20)
     assert group_start(_ByTime(), MessageQueue(topic, "broker-a", 0), info, opts, None) == want
+
+
+def test_starting_offsets_by_timestamp_per_queue(store):
+    """startingOffsetsByTimestamp: each queue from its first message stored at or after its own
+    timestamp; one before every message starts at the min, one after them all at the end."""
+    with Store(store) as s:
+        stamps = s.read("T", 0, 0, 30).column("storeTimestamp").cast("int64").to_pylist()
+    mid = stamps[17]
+    r = _reader(store, startingOffsetsByTimestamp='{"T":{"broker-a":{"0":%d,"1":0,"2":9999999999999}}}' % mid)
+    start = from_json_dict(r.initialOffset())
+    by_queue = {mq.queue_id: offset for mq, offset in start.items()}
+    assert by_queue == {0: next(i for i, t in enumerate(stamps) if t >= mid), 1: 0, 2: 30}
+    missing = _reader(store, startingOffsetsByTimestamp='{"T":{"broker-a":{"0":1}}}')
+    with pytest.raises(RmqOptionError, match="startingOffsetsByTimestamp: no timestamp given for .*T/broker-a/1"):
+        missing.initialOffset()

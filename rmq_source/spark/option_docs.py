@@ -103,12 +103,21 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "startingTimestamp": ("none",
                           "Epoch ms; each queue starts at its first message stored at or after "
                           "it. Takes precedence over startingOffsets."),
+    "startingOffsetsByTimestamp": ("none",
+                                   'JSON {"topic":{"broker":{"queueId":epochMs}}}: each listed queue '
+                                   "starts at its first message stored at or after its timestamp "
+                                   "(its end when there is none). Must list every queue the query "
+                                   "reads. Over startingOffsets, under startingTimestamp."),
     "endingOffsets": ("latest (batch)",
                       "Batch only: latest or JSON as startingOffsets (-1 = latest; -2 is not "
                       "allowed); exclusive end."),
     "endingTimestamp": ("none",
                         "Batch only: epoch ms; each queue ends before its first message stored "
                         "at or after it. Takes precedence over endingOffsets."),
+    "endingOffsetsByTimestamp": ("none",
+                                 "Batch only: JSON as startingOffsetsByTimestamp; each queue ends "
+                                 "before its first message stored at or after its timestamp. Over "
+                                 "endingOffsets, under endingTimestamp."),
     "consumeFromWhere": ("CONSUME_FROM_LAST_OFFSET",
                          "Start of queues the group has no progress on (startingOffsets=group): "
                          "CONSUME_FROM_LAST_OFFSET, CONSUME_FROM_FIRST_OFFSET or "
@@ -127,6 +136,7 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                               "Streaming only: wait until this many messages are available, but "
                               "never longer than maxTriggerDelay (Trigger.AvailableNow never waits); "
                               "maxMessagesPerTrigger and maxBytesPerTrigger still cap the batch."),
+    "minOffsetsPerTrigger": ("none", "Alias of minMessagesPerTrigger (give only one)."),
     "maxTriggerDelay": ("15m",
                         "Streaming only, with minMessagesPerTrigger: longest wait, a duration like "
                         "500ms, 30s, 15m, 1h, 1d."),

@@ -202,10 +202,12 @@ def parse_queue_json(name: str, value: str, brokers: Mapping[str, str]
 
 
 def parse_offsets_json(name: str, value: str, brokers: Mapping[str, str], *, allow_earliest: bool,
-                        allow_latest: bool) -> dict[MessageQueue, int]:
-    shape = '{"topic":{"broker":{"queueId":offset}}}'
+                        allow_latest: bool, unit: str = "offset") -> dict[MessageQueue, int]:
+    """{queue: value} of ``{"topic":{"broker":{"queueId":value}}}``; ``unit`` names the values
+    ("offset", or "timestamp" for epoch ms, which allows neither -2 nor -1)."""
+    shape = f'{{"topic":{{"broker":{{"queueId":{unit}}}}}}}'
     lowest = JSON_EARLIEST if allow_earliest else (JSON_LATEST if allow_latest else 0)
-    valid = f"offsets must be integers >= {lowest}"
+    valid = f"{unit}s must be integers >= {lowest}"
     if allow_earliest:
         valid += " (-2 = earliest" + (", -1 = latest)" if allow_latest else ")")
     elif allow_latest:
@@ -219,23 +221,24 @@ def parse_offsets_json(name: str, value: str, brokers: Mapping[str, str], *, all
             check_broker(name, value, broker, brokers)
             if not isinstance(by_queue, dict) or not by_queue:
                 raise fail(name, value, f"{topic}/{broker} must map to a non-empty object of "
-                                         f"queueId: offset; expected {shape}")
+                                         f"queueId: {unit}; expected {shape}")
             for qid_text, offset in by_queue.items():
                 if not QUEUE_ID_RE.fullmatch(qid_text) or int(qid_text) >= (1 << 31):
                     raise fail(name, value, f"queue id {qid_text!r} of {topic}/{broker} is not an "
                                              "integer in [0, 2147483647]")
                 if isinstance(offset, bool) or not isinstance(offset, int):
-                    raise fail(name, value, f"offset {offset!r} of {topic}/{broker}/{qid_text} is "
+                    raise fail(name, value, f"{unit} {offset!r} of {topic}/{broker}/{qid_text} is "
                                              f"not an integer; {valid}")
                 if offset == JSON_LATEST and not allow_latest:
                     raise fail(name, value, f"offset -1 (latest) of {topic}/{broker}/{qid_text} is "
                                              f"not allowed here; {valid}")
                 if offset < lowest:
-                    raise fail(name, value, f"offset {offset} of {topic}/{broker}/{qid_text}; {valid}")
+                    raise fail(name, value, f"{unit} {offset} of {topic}/{broker}/{qid_text}; {valid}")
                 if offset > MAX_QUEUE_OFFSET:
-                    raise fail(name, value, f"offset {offset} of {topic}/{broker}/{qid_text} is above "
-                                             f"the largest queue offset {MAX_QUEUE_OFFSET} (a unit's "
-                                             "ConsumeQueue address, offset * 20, is a 64-bit integer)")
+                    what = ("queue offset", " (a unit's ConsumeQueue address, offset * 20, is a "
+                            "64-bit integer)") if unit == "offset" else (unit, "")
+                    raise fail(name, value, f"{unit} {offset} of {topic}/{broker}/{qid_text} is above "
+                                             f"the largest {what[0]} {MAX_QUEUE_OFFSET}{what[1]}")
                 mq = MessageQueue(topic, broker, int(qid_text))
                 if mq in out:
                     raise fail(name, value, f"queue {topic}/{broker}/{int(qid_text)} is listed twice")

@@ -11,8 +11,9 @@ between options and :class:`SourceOptions`.
 
 Where a query starts (precedence as in Spark's Kafka source)
 -----------------------------------------------------------
-``startingTimestamp`` > ``startingOffsets`` (``earliest`` / ``latest`` / JSON) > ``group``
-progress; likewise ``endingTimestamp`` > ``endingOffsets``. The lower-precedence option may be
+``startingTimestamp`` > ``startingOffsetsByTimestamp`` > ``startingOffsets`` (``earliest`` /
+``latest`` / JSON) > ``group`` progress; likewise ``endingTimestamp`` >
+``endingOffsetsByTimestamp`` > ``endingOffsets``. The lower-precedence option may be
 given but is then not used. ``group`` reads the consumer group's committed offsets (the
 rmq_source offset store, else the broker's own ``config/consumerOffset.json``); queues without
 progress follow ``consumeFromWhere``. A restarted streaming query resumes from its checkpoint and
@@ -25,7 +26,9 @@ Values kept in :class:`SourceOptions`
 * ``ending_offsets`` (batch only, else ``None``): ``"latest"`` or ``{MessageQueue: offset}``
   (-1 = latest); the end is exclusive.
 * ``starting_timestamp`` / ``ending_timestamp`` / ``consume_timestamp``: epoch milliseconds; each
-  resolves per queue to the first message stored at or after it.
+  resolves per queue to the first message stored at or after it (the queue's max offset when
+  there is none). The first two may also be ``{MessageQueue: epoch ms}`` (the ``...ByTimestamp``
+  options), listing every queue the query reads.
 * With ``namespace``: every topic and group (``topics``, offsets JSON, ``assign``,
   ``allocate_queues``, ``consumer_group``) is the name on the brokers, wrapped as RocketMQ's
   clients wrap it (:mod:`rmq_source.namespace`); ``topic_pattern`` matches the unwrapped names of
@@ -68,13 +71,35 @@ __all__ = [
     "DEFAULT_OFFSET_STORE_DIRNAME", "default_client_id",
 ]
 
-_ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
+#: Spark's Kafka source's names, accepted for ours (give one of a pair)
+_ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger", "minOffsetsPerTrigger": "minMessagesPerTrigger"}
 _CANONICAL = {name.lower(): name for name in OPTION_DOCS}
 _STREAMING_ONLY = ("maxMessagesPerTrigger", "maxOffsetsPerTrigger", "maxBytesPerTrigger",
-                   "minMessagesPerTrigger", "maxTriggerDelay")
-_BATCH_ONLY = ("endingOffsets", "endingTimestamp")
+                   "minMessagesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+_BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 _ALLOCATE_PARAMS = ("allocateQueues", "consumeRooms", "nearbyInnerStrategy", "virtualNodeCount")
 _LOCK_OPTIONS = ("lockLeaseMs", "clientLockLeaseMs", "lockRenewIntervalMs")
+
+
+def _check_timestamp_window(start, end) -> None:
+    """An ending timestamp (one, or one per queue) before the starting one of the same queue."""
+    if start is None or end is None:
+        return
+    if isinstance(start, int) and isinstance(end, int):
+        if end < start:
+            raise RmqOptionError(f"options startingTimestamp={start} and endingTimestamp={end}: the end "
+                                 "must be >= the start")
+        return
+    queues = start.keys() if isinstance(start, dict) else end.keys()
+    for mq in sorted(queues):
+        s = start if isinstance(start, int) else start.get(mq)
+        e = end if isinstance(end, int) else end.get(mq)
+        if s is not None and e is not None and e < s:
+            names = ("startingTimestamp" if isinstance(start, int) else "startingOffsetsByTimestamp",
+                     "endingTimestamp" if isinstance(end, int) else "endingOffsetsByTimestamp")
+            raise RmqOptionError(f"options {names[0]}/{names[1]}: queue {mq.topic}/{mq.broker_name}/"
+                                 f"{mq.queue_id} ends at {e} before it starts at {s}; the end must be "
+                                 ">= the start")
 
 
 # ------------------------------------------------------------------------------------------
@@ -96,9 +121,9 @@ class SourceOptions:
     subscription: Subscription
     consumer_group: str | None
     starting_offsets: Any = field(hash=False)            # str or dict[MessageQueue, int]
-    starting_timestamp: int | None
+    starting_timestamp: int | dict[MessageQueue, int] | None
     ending_offsets: Any = field(hash=False)              # None (streaming), "latest" or dict
-    ending_timestamp: int | None
+    ending_timestamp: int | dict[MessageQueue, int] | None
     consume_from_where: str
     consume_timestamp: int | None                       # epoch ms, only for CONSUME_FROM_TIMESTAMP
     max_messages_per_trigger: int | None
@@ -451,14 +476,24 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                         f"{mq.queue_id} ends at {end} before it starts at {start}; the end must be "
                         ">= the start")
 
-    starting_timestamp = ending_timestamp = None
+    # one timestamp for every queue wins over one per queue (as in Spark's Kafka source)
+    starting_timestamp: Any = None
+    ending_timestamp: Any = None
+    for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
+        if name in opts:
+            value = opts[name]
+            table = wrap_queue_keys(namespace, name, value, parse_offsets_json(
+                name, value, brokers, allow_earliest=False, allow_latest=False, unit="timestamp"))
+            check_read(name, value, table)
+            if name.startswith("starting"):
+                starting_timestamp = table
+            else:
+                ending_timestamp = table
     if "startingTimestamp" in opts:
         starting_timestamp = int_option("startingTimestamp", opts["startingTimestamp"], minimum=0)
     if "endingTimestamp" in opts:
         ending_timestamp = int_option("endingTimestamp", opts["endingTimestamp"], minimum=0)
-        if starting_timestamp is not None and ending_timestamp < starting_timestamp:
-            raise RmqOptionError(f"options startingTimestamp={starting_timestamp} and "
-                                 f"endingTimestamp={ending_timestamp}: the end must be >= the start")
+    _check_timestamp_window(starting_timestamp, ending_timestamp)
 
     # Queues the group has no progress on
     consume_from_where = "CONSUME_FROM_LAST_OFFSET"
@@ -485,24 +520,22 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                              f"{consume_from_where})")
 
     # Admission control (streaming only; batch rejected them above)
-    if "maxMessagesPerTrigger" in opts and "maxOffsetsPerTrigger" in opts:
-        raise RmqOptionError("options maxMessagesPerTrigger and maxOffsetsPerTrigger are aliases; "
-                             f"give only one (got {opts['maxMessagesPerTrigger']!r} and "
-                             f"{opts['maxOffsetsPerTrigger']!r})")
-    max_messages = None
-    for name in ("maxMessagesPerTrigger", "maxOffsetsPerTrigger"):
-        if name in opts:
-            max_messages = int_option(name, opts[name], minimum=1)
-    max_bytes = (int_option("maxBytesPerTrigger", opts["maxBytesPerTrigger"], minimum=1)
-                 if "maxBytesPerTrigger" in opts else None)
-    min_messages = (int_option("minMessagesPerTrigger", opts["minMessagesPerTrigger"], minimum=1)
-                    if "minMessagesPerTrigger" in opts else None)
+    for alias, name in _ALIASES.items():
+        if name in opts and alias in opts:
+            raise RmqOptionError(f"options {name} and {alias} are aliases; give only one (got "
+                                 f"{opts[name]!r} and {opts[alias]!r})")
+    limits: dict[str, int | None] = {}
+    for name in ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxBytesPerTrigger"):
+        given = next((n for n in (name, *(a for a, c in _ALIASES.items() if c == name)) if n in opts), None)
+        limits[name] = int_option(given, opts[given], minimum=1) if given else None
+    max_messages, min_messages, max_bytes = (limits["maxMessagesPerTrigger"], limits["minMessagesPerTrigger"],
+                                             limits["maxBytesPerTrigger"])
     if min_messages is not None and max_messages is not None and min_messages > max_messages:
         raise RmqOptionError(f"options minMessagesPerTrigger={min_messages} and maxMessagesPerTrigger"
                              f"={max_messages}: the minimum must be <= the maximum")
     if "maxTriggerDelay" in opts and min_messages is None:
         raise RmqOptionError(f"option maxTriggerDelay={opts['maxTriggerDelay']!r} only applies with "
-                             "minMessagesPerTrigger")
+                             "minMessagesPerTrigger (or minOffsetsPerTrigger)")
     max_trigger_delay_ms = duration_ms("maxTriggerDelay", opts.get("maxTriggerDelay", "15m"))
 
     # Allocation

@@ -1,13 +1,16 @@
 """Where a query starts and ends in each queue.
 
-Precedence, as in Spark's Kafka source: ``startingTimestamp``/``endingTimestamp`` > explicit
-offsets JSON > ``group`` progress. Starting options only matter for a new query; a restarted
+Precedence, as in Spark's Kafka source: ``startingTimestamp``/``endingTimestamp`` >
+``startingOffsetsByTimestamp``/``endingOffsetsByTimestamp`` > explicit offsets JSON > ``group``
+progress. Starting options only matter for a new query; a restarted
 streaming query resumes from its checkpoint.
 
 * ``earliest`` = the queue's min offset; ``latest`` = its max offset (next to be written);
   in offsets JSON -2 means earliest and -1 latest.
-* A timestamp resolves per queue to the first message stored at or after it
-  (:meth:`rmq_source.backend.Backend.offset_for_timestamp`), so an ending timestamp is exclusive.
+* A timestamp (one for all queues, or one per queue) resolves per queue to the first message
+  stored at or after it (:meth:`rmq_source.backend.Backend.offset_for_timestamp`; the max offset
+  when there is none, Kafka's ``startingOffsetsByTimestampStrategy=latest``), so an ending
+  timestamp is exclusive.
 * ``group`` reads the consumer group's progress (our offset store, else the broker's own
   ``consumerOffset.json``); queues without progress follow ``consumeFromWhere`` like RocketMQ:
   ``CONSUME_FROM_LAST_OFFSET`` -> max offset, ``CONSUME_FROM_FIRST_OFFSET`` -> min offset,
@@ -42,6 +45,9 @@ def _json_offset(table: Mapping[MessageQueue, int], mq: MessageQueue, option: st
     try:
         return table[mq]
     except KeyError:
+        if option.endswith("ByTimestamp"):
+            raise RmqOptionError(f"option {option}: no timestamp given for {mq}; every queue read by "
+                                 "the query must be listed") from None
         raise RmqOptionError(
             f"option {option}: no offset given for {mq}; when offsets are given as JSON every "
             "queue read by the query must be listed (-2 = earliest, -1 = latest)") from None
@@ -61,18 +67,24 @@ def _check_listed_queues_exist(spec: Mapping[MessageQueue, int], mqs: list[Messa
                 f"{ids if ids else 'none'}")
 
 
-def _resolve(backend: Backend, mqs: list[MessageQueue], timestamp: int | None, spec,
+def _resolve(backend: Backend, mqs: list[MessageQueue], timestamp, spec,
              option: str, named, infos: Mapping[MessageQueue, QueueInfo] | None
              ) -> dict[MessageQueue, int]:
-    """Per queue: ``timestamp`` if given, else the JSON offsets ``spec``, else ``named(mq, info)``;
-    ``infos`` (default: asked now) are the queues' min/max offsets."""
-    if timestamp is None and isinstance(spec, Mapping):
+    """Per queue: ``timestamp`` if given (epoch ms, or ``{queue: epoch ms}`` of option
+    ``<option>ByTimestamp``), else the JSON offsets ``spec``, else ``named(mq, info)``; ``infos``
+    (default: asked now) are the queues' min/max offsets."""
+    by_queue = f"{option}ByTimestamp"
+    if isinstance(timestamp, Mapping):
+        _check_listed_queues_exist(timestamp, mqs, by_queue)
+    elif timestamp is None and isinstance(spec, Mapping):
         _check_listed_queues_exist(spec, mqs, option)
     if infos is None:
         infos = backend.infos(mqs)
     out: dict[MessageQueue, int] = {}
     for mq in mqs:
-        if timestamp is not None:
+        if isinstance(timestamp, Mapping):
+            out[mq] = backend.offset_for_timestamp(mq, _json_offset(timestamp, mq, by_queue))
+        elif timestamp is not None:
             out[mq] = backend.offset_for_timestamp(mq, timestamp)
         elif isinstance(spec, Mapping):
             out[mq] = _explicit(mq, _json_offset(spec, mq, option), infos[mq])
