@@ -419,7 +419,7 @@ def test_starting_offsets_by_timestamp_per_queue(store):
     """startingOffsetsByTimestamp: each queue from its first message stored at or after its own
     timestamp; one before every message starts at the min, one after them all at the end."""
     with Store(store) as s:
-        stamps = s.read("T", 0, 0, 30).column("storeTimestamp").cast("int64").to_pylist()
+        stamps = [t // 1000 for t in s.read("T", 0, 0, 30).column("storeTimestamp").cast("int64").to_pylist()]
     mid = stamps[17]
     r = _reader(store, startingOffsetsByTimestamp='{"T":{"broker-a":{"0":%d,"1":0,"2":9999999999999}}}' % mid)
     start = from_json_dict(r.initialOffset())

@@ -44,6 +44,7 @@ from rmq_source.group.retry import is_retry_topic, retry_topic
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
+from rmq_source.remote.timestamps import first_at_or_after
 from rmq_source.remote.tls import TlsConfig
 from rmq_source.remote.client import RemotingClient, ask_namesrvs, auth_error, check, is_auth_failure
 from rmq_source.sql92 import compile_selector
@@ -380,8 +381,22 @@ class ClusterBackend(Backend):
         return {mq: found[mq] for mq in mqs if mq in found}, down
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
+        """The first message stored at or after ``timestamp_ms`` (the max offset when none): the
+        broker's answer, checked by pulls (:mod:`rmq_source.remote.timestamps`)."""
+        hint = self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
             self.client, addr, mq.topic, mq.queue_id, timestamp_ms), slave_ok=True)
+        info = self.infos([mq])[mq]
+        return first_at_or_after(timestamp_ms, info.min_offset, info.max_offset, hint,
+                                 lambda offset: self._store_time(mq, offset))
+
+    def _store_time(self, mq: MessageQueue, offset: int) -> int | None:
+        """Message ``offset``'s store time in ms (a pull of it), None when it is gone."""
+        for batch in self.read(mq, offset, offset + 1, subscription="*", batch_rows=1,
+                               batch_bytes=1 << 20, verify_crc=False,
+                               on_data_loss=lambda *_: None, on_short_read=lambda *_: None):
+            if batch.num_rows:
+                return batch.column("storeTimestamp")[0].value // 1000    # (microseconds)
+        return None
 
     def unit_sizes(self, mq: MessageQueue, start: int, end: int):
         """The brokers tell no message sizes without the messages: pulls them (bodies included)."""
