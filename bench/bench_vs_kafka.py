@@ -451,32 +451,38 @@ def plot(results: dict, args, out: str) -> None:
     import matplotlib.pyplot as plt
 
     sizes = list(results["sizes"])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    names = ["kafka", "rmq live", "rmq store"]
-    width = 0.13
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     ax = axes[0]
+    names = ["kafka", "rmq live", "rmq store", "python ceiling"]
+    modes = (("batch", "batch"), ("stream_one", "AvailableNow"), ("stream", "AvailableNow capped"))
+    width = 0.07
     for i, name in enumerate(names):
-        for j, (mode, label) in enumerate((("batch", "batch"), ("stream", "AvailableNow"))):
+        for j, (mode, label) in enumerate(modes):
+            if name not in results["sizes"][sizes[0]][mode]:
+                continue
             vals = [args.messages / results["sizes"][s][mode][name][0] / 1e3 for s in sizes]
-            xs = [x + (i * 2 + j - 2.5) * width for x in range(len(sizes))]
-            ax.bar(xs, vals, width, label=f"{name} {label}", color=f"C{i}", alpha=1.0 if j == 0 else 0.55)
+            xs = [x + (i * 3 + j - 5.5) * width for x in range(len(sizes))]
+            ax.bar(xs, vals, width, label=f"{name}: {label}", color=f"C{i}",
+                   alpha=(1.0, 0.65, 0.35)[j])
     ax.set_xticks(range(len(sizes)), [f"{s} B bodies" for s in sizes])
-    ax.set_ylabel("k messages / s")
-    ax.set_title(f"Spark read throughput, {args.messages:,} messages, local[2]")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("k messages / s (wall clock)")
+    ax.set_title(f"Spark reads of {args.messages:,} messages, 8 partitions/queues, local[2]")
+    ax.legend(fontsize=7, ncol=2)
     ax = axes[1]
     lat = results["latency"]
     rates = sorted({rate for _, rate in lat})
-    for i, system in enumerate(("kafka", "rmq")):
+    labels = {"kafka": "kafka", "rmq": "rmq live", "floor": "python floor"}
+    width = 0.09
+    for i, system in enumerate(("kafka", "rmq", "floor")):
         for j, p in enumerate(("p50", "p95", "p99")):
             vals = [lat[(system, r)][p] if (system, r) in lat else 0 for r in rates]
-            xs = [x + (i * 3 + j - 2.5) * width for x in range(len(rates))]
-            ax.bar(xs, vals, width, color=f"C{i}", alpha=(1.0, 0.7, 0.45)[j],
-                   label=f"{'kafka' if system == 'kafka' else 'rmq live'} {p}")
+            xs = [x + (i * 3 + j - 4) * width for x in range(len(rates))]
+            ax.bar(xs, vals, width, color=("C0", "C1", "C7")[i], alpha=(1.0, 0.65, 0.35)[j],
+                   label=f"{labels[system]} {p}")
     ax.set_xticks(range(len(rates)), [f"{r:,.0f} msgs/s" for r in rates])
-    ax.set_ylabel("ms, send -> foreachBatch")
+    ax.set_ylabel("ms, send -> row in foreachBatch")
     ax.set_title(f"Streaming latency, processingTime {args.trigger_ms} ms")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"plot: {out}")
@@ -495,12 +501,22 @@ def main() -> None:
     ap.add_argument("--trigger-ms", type=int, default=0)
     ap.add_argument("--plot", default=str(Path(__file__).resolve().parent / "vs_kafka.png"))
     ap.add_argument("--json", help="also save the figures here")
+    ap.add_argument("--replot", metavar="JSON", help="only draw --plot from a run's --json (same --messages)")
     ap.add_argument("--quick", action="store_true", help="100,000 messages, 15 s of latency a rate")
     ap.add_argument("--skip", default="", help="comma list of parts not to run: batch,stream,latency")
     args = ap.parse_args()
     if args.quick:
         args.messages, args.seconds, args.repeat = 100_000, 15.0, 2
     skip = set(filter(None, args.skip.split(",")))
+    if args.replot:
+        saved = json.loads(Path(args.replot).read_text())
+        results = {"sizes": {int(k): v for k, v in saved["sizes"].items()},
+                   "latency": {(k.split()[0], float(k.split()[1])): v for k, v in saved["latency"].items()}}
+        if "python_start" in saved:
+            results["python_start"] = saved["python_start"]
+        report(results, args)
+        plot(results, args, args.plot)
+        return
     workdir = Path(tempfile.mkdtemp(prefix="rmq-vs-kafka-"))
     spark_conf = {"spark.jars.packages": KAFKA_CONNECTOR}
     print_machine(spark_conf)
@@ -548,7 +564,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(
             {**results, "latency": {f"{s} {r}": v for (s, r), v in results["latency"].items()}},
             indent=1, default=str))
-    if args.plot and "batch" not in skip and "stream" not in skip:
+    if args.plot and not skip:
         plot(results, args, args.plot)
     shutil.rmtree(workdir, ignore_errors=True)
 

@@ -65,13 +65,13 @@ def repeat_string(value: str, n: int) -> pa.StringArray:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
 
 
-
 def numpy_view(array: pa.Array):
     """A zero-copy numpy view of an integer Arrow array without nulls (``to_numpy`` imports
     pandas)."""
     import numpy as np
     if array.null_count or not pa.types.is_integer(array.type):
         raise ValueError(f"numpy_view of {array.type} with {array.null_count} nulls")
-    dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(array.type) else 'u'}{array.type.bit_width // 8}")
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
+    dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array),
                          offset=array.offset * dtype.itemsize)

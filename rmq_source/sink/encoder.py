@@ -17,7 +17,6 @@ do not depend on how Spark cut the rows. A row that cannot be a message is repor
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Iterator
 

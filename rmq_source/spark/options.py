@@ -72,7 +72,8 @@ __all__ = [
 ]
 
 #: Spark's Kafka source's names, accepted for ours (give one of a pair)
-_ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger", "minOffsetsPerTrigger": "minMessagesPerTrigger"}
+_ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger",
+            "minOffsetsPerTrigger": "minMessagesPerTrigger"}
 _CANONICAL = {name.lower(): name for name in OPTION_DOCS}
 _STREAMING_ONLY = ("maxMessagesPerTrigger", "maxOffsetsPerTrigger", "maxBytesPerTrigger",
                    "minMessagesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
@@ -524,12 +525,14 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         if name in opts and alias in opts:
             raise RmqOptionError(f"options {name} and {alias} are aliases; give only one (got "
                                  f"{opts[name]!r} and {opts[alias]!r})")
-    limits: dict[str, int | None] = {}
-    for name in ("maxMessagesPerTrigger", "minMessagesPerTrigger", "maxBytesPerTrigger"):
-        given = next((n for n in (name, *(a for a, c in _ALIASES.items() if c == name)) if n in opts), None)
-        limits[name] = int_option(given, opts[given], minimum=1) if given else None
-    max_messages, min_messages, max_bytes = (limits["maxMessagesPerTrigger"], limits["minMessagesPerTrigger"],
-                                             limits["maxBytesPerTrigger"])
+
+    def limit(name: str) -> int | None:
+        """Option ``name`` (or its alias), a positive integer, or None when not given."""
+        given = [n for n in (name, *(a for a, c in _ALIASES.items() if c == name)) if n in opts]
+        return int_option(given[0], opts[given[0]], minimum=1) if given else None
+
+    max_messages, min_messages = limit("maxMessagesPerTrigger"), limit("minMessagesPerTrigger")
+    max_bytes = limit("maxBytesPerTrigger")
     if min_messages is not None and max_messages is not None and min_messages > max_messages:
         raise RmqOptionError(f"options minMessagesPerTrigger={min_messages} and maxMessagesPerTrigger"
                              f"={max_messages}: the minimum must be <= the maximum")

@@ -77,6 +77,7 @@ class TaskSizing:
     ceil(total weight / max_partition_bytes))`` tasks, but never more than the queues with data,
     where ``spread`` is ``parallelism``, or with ``task_cost_bytes`` (0: none) at most
     ``ceil(total weight / task_cost_bytes)``: a small micro-batch is one task, not one per core.
+    More tasks than ``parallelism`` are rounded up to a multiple of it (whole waves).
     """
 
     parallelism: int
@@ -94,6 +95,8 @@ class TaskSizing:
         if self.task_cost_bytes:
             spread = min(spread, math.ceil(total_weight / self.task_cost_bytes))
         wanted = max(spread, math.ceil(total_weight / self.max_partition_bytes))
+        if wanted > self.parallelism:    # whole waves: 3 tasks on 2 cores leave one idle half the time
+            wanted = math.ceil(wanted / self.parallelism) * self.parallelism
         return max(1, min(slots_with_data, wanted))
 
 
