@@ -24,7 +24,9 @@ connector ``spark-sql-kafka-0-10_2.13`` from Maven Central):
   micro-batch's send times in ``foreachBatch``. The producer writes its clock at the send call into
   the first 8 bytes of the body; latency = the driver's clock when ``collect()`` returned - that
   (both systems measured alike, producer batching included); the first ``--warmup`` seconds are
-  not counted.
+  not counted. Beside them ``python_floor`` (bench/python_floor.py: a perfect broker behind a
+  Python source that costs nothing: Spark's own cost), alone and while RocketMQ takes the same
+  sends from the same producer (``floor+rmq``: the machine as loaded as in the rmq run).
 
 Each source runs with its defaults (one Spark task per partition / queue) but where said; ``--quick``
 is a smoke run (100,000 messages, 15 s of latency).
@@ -317,11 +319,13 @@ def java_producer(cluster, kafka, workdir: Path) -> list[str]:
 
 def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rate: float,
             seconds: float, warmup: float, trigger_ms: int, size: int) -> dict:
-    topic = f"Lat{system.capitalize()}{int(rate)}"
+    topic = f"Lat{system.capitalize().replace('+', '')}{int(rate)}"
     chk = workdir / f"lat_chk_{topic}"
-    if system == "floor":       # Spark's cost alone: python_floor's perfect broker, no producer
+    if system.startswith("floor"):   # Spark's cost alone: python_floor's perfect broker
         reader, body, addr = (spark.readStream.format("python_floor").option("rate", str(rate))
                               .option("size", str(size))), "value", None
+        if system == "floor+rmq":       # ... while RocketMQ takes the same sends, read by nobody
+            create_rmq_topic(cluster, topic)
     elif system == "kafka":
         reader, body, addr = kafka_reader(spark.readStream, kafka, topic), "value", kafka.bootstrap
         (spark.range(PARTITIONS).selectExpr("CAST(id AS INT) AS partition", "CAST('p' AS BINARY) AS value")
@@ -352,8 +356,13 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
     jvm = jvm_pid(spark)
     cpu0 = tree_cpu_seconds(jvm), server_pid and tree_cpu_seconds(server_pid)
     until_ms = started_ms + seconds * 1000
-    if system == "floor":
+    if system.startswith("floor"):
+        load = (subprocess.Popen([*producer_cmd, "rmq", cluster.namesrv_addr, topic, str(rate), str(seconds),
+                                  str(size)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                if system == "floor+rmq" else None)
         time.sleep(seconds)
+        if load is not None:
+            load.wait(timeout=180)
         produced, failed = int(rate * seconds), 0
     else:
         proc = subprocess.run([*producer_cmd, system, addr, topic, str(rate), str(seconds), str(size)],
@@ -366,7 +375,7 @@ def latency(spark, system: str, kafka, cluster, producer_cmd, workdir: Path, rat
     cpu = (tree_cpu_seconds(jvm) - cpu0[0], (tree_cpu_seconds(server_pid) - cpu0[1]) if server_pid else 0)
     expected = PARTITIONS + produced
     deadline = time.time() + 60
-    while time.time() < deadline and (len(seen) < expected if system != "floor"
+    while time.time() < deadline and (len(seen) < expected if not system.startswith("floor")
                                       else max(ts for ts, _ in seen) < until_ms):
         time.sleep(0.05)
     progress = [p for p in q.recentProgress if p["numInputRows"]]
@@ -471,13 +480,14 @@ def plot(results: dict, args, out: str) -> None:
     ax = axes[1]
     lat = results["latency"]
     rates = sorted({rate for _, rate in lat})
-    labels = {"kafka": "kafka", "rmq": "rmq live", "floor": "python floor"}
-    width = 0.09
-    for i, system in enumerate(("kafka", "rmq", "floor")):
+    labels = {"kafka": "kafka", "rmq": "rmq live", "floor": "python floor",
+              "floor+rmq": "python floor, RocketMQ loaded"}
+    width = 0.07
+    for i, system in enumerate(labels):
         for j, p in enumerate(("p50", "p95", "p99")):
             vals = [lat[(system, r)][p] if (system, r) in lat else 0 for r in rates]
-            xs = [x + (i * 3 + j - 4) * width for x in range(len(rates))]
-            ax.bar(xs, vals, width, color=("C0", "C1", "C7")[i], alpha=(1.0, 0.65, 0.35)[j],
+            xs = [x + (i * 3 + j - 5.5) * width for x in range(len(rates))]
+            ax.bar(xs, vals, width, color=("C0", "C1", "C7", "C8")[i], alpha=(1.0, 0.65, 0.35)[j],
                    label=f"{labels[system]} {p}")
     ax.set_xticks(range(len(rates)), [f"{r:,.0f} msgs/s" for r in rates])
     ax.set_ylabel("ms, send -> row in foreachBatch")
@@ -550,7 +560,7 @@ def main() -> None:
         if "latency" not in skip:
             cmd = java_producer(cluster, kafka, workdir)
             for rate in (float(r) for r in args.rates.split(",")):
-                for system in ("kafka", "rmq", "floor"):
+                for system in ("kafka", "rmq", "floor", "floor+rmq"):
                     print(f"latency {system} at {rate:,.0f} msgs/s ...", flush=True)
                     results["latency"][(system, rate)] = latency(
                         spark, system, kafka, cluster, cmd, workdir, rate, args.seconds, args.warmup,
