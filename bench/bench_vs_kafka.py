@@ -474,6 +474,7 @@ def plot(results: dict, args, out: str) -> None:
             ax.bar(xs, vals, width, label=f"{name}: {label}", color=f"C{i}",
                    alpha=(1.0, 0.65, 0.35)[j])
     ax.set_xticks(range(len(sizes)), [f"{s} B bodies" for s in sizes])
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.35)          # room for the legend above the bars
     ax.set_ylabel("k messages / s (wall clock)")
     ax.set_title(f"Spark reads of {args.messages:,} messages, 8 partitions/queues, local[2]")
     ax.legend(fontsize=7, ncol=2)
@@ -490,6 +491,7 @@ def plot(results: dict, args, out: str) -> None:
             ax.bar(xs, vals, width, color=("C0", "C1", "C7", "C8")[i], alpha=(1.0, 0.65, 0.35)[j],
                    label=f"{labels[system]} {p}")
     ax.set_xticks(range(len(rates)), [f"{r:,.0f} msgs/s" for r in rates])
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.45)
     ax.set_ylabel("ms, send -> row in foreachBatch")
     ax.set_title(f"Streaming latency, processingTime {args.trigger_ms} ms")
     ax.legend(fontsize=7, ncol=3)
