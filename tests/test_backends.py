@@ -117,6 +117,12 @@ def _mid_ts(topic: Topic) -> int:
     return topic.round_starts[1]
 
 
+def _after_round0(topic: Topic) -> int:
+    """1 ms after the last message of the first round: the closest message is the one before
+    (RocketMQ 4.9's own answer), the first at or after it is a second later."""
+    return max(r.store_timestamp for r in topic.all_rows() if r.store_timestamp < _mid_ts(topic)) + 1
+
+
 # (id, options(topic) -> dict, selects(topic, record) -> bool)
 CASES = [
     ("everything", lambda t: {}, lambda t, r: True),
@@ -134,6 +140,8 @@ CASES = [
      lambda t, r: r.store_timestamp >= _mid_ts(t)),
     ("to-timestamp", lambda t: {"endingTimestamp": str(_mid_ts(t))},
      lambda t, r: r.store_timestamp < _mid_ts(t)),
+    ("just-after-a-message", lambda t: {"startingTimestamp": str(_after_round0(t))},
+     lambda t, r: r.store_timestamp >= _after_round0(t)),
     # a window per queue; queue 2 from after its last message: nothing
     ("by-timestamp", lambda t: {
         "startingOffsetsByTimestamp": json.dumps({t.name: {"broker-a": {"0": _mid_ts(t), "1": 0, "2": FAR}}}),

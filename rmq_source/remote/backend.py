@@ -382,21 +382,33 @@ class ClusterBackend(Backend):
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """The first message stored at or after ``timestamp_ms`` (the max offset when none): the
-        broker's answer, checked by pulls (:mod:`rmq_source.remote.timestamps`)."""
+        broker's answer, checked by pulls (:mod:`rmq_source.remote.timestamps`); the answer as it
+        is when the broker stops answering the checks (a broker away is not waited for here)."""
         hint = self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
             self.client, addr, mq.topic, mq.queue_id, timestamp_ms), slave_ok=True)
-        info = self.infos([mq])[mq]
-        return first_at_or_after(timestamp_ms, info.min_offset, info.max_offset, hint,
-                                 lambda offset: self._store_time(mq, offset))
+        try:
+            info = self.infos([mq])[mq]
+            return first_at_or_after(timestamp_ms, info.min_offset, info.max_offset, hint,
+                                     lambda offset: self._store_time(mq, offset))
+        except _UNREACHABLE + (RmqBrokerUnavailableError, RmqMasterAwayError) as exc:
+            log.warning("%s: the broker's offset %d for timestamp %d could not be checked (%s); "
+                        "taking it as it is", mq, hint, timestamp_ms, exc)
+            return hint
 
     def _store_time(self, mq: MessageQueue, offset: int) -> int | None:
-        """Message ``offset``'s store time in ms (a pull of it), None when it is gone."""
-        for batch in self.read(mq, offset, offset + 1, subscription="*", batch_rows=1,
-                               batch_bytes=1 << 20, verify_crc=False,
-                               on_data_loss=lambda *_: None, on_short_read=lambda *_: None):
-            if batch.num_rows:
-                return batch.column("storeTimestamp")[0].value // 1000    # (microseconds)
-        return None
+        """Message ``offset``'s store time in ms (one pull of it), None when it is gone."""
+        def pull(addr):
+            return rq.pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id,
+                           offset, max_nums=1, subscription="*", expression_type="TAG")
+
+        res = self._call(mq.broker_name, pull, slave_ok=True)
+        if res.code != rq.SUCCESS or not res.body:
+            return None
+        from rmq_source.store import native
+        batch, _ = native.decode_records(res.body, where=f"pull answer of {mq} at offset {offset}",
+                                         topic=mq.topic, queue_id=mq.queue_id, start=offset,
+                                         end=offset + 1)
+        return batch.column("storeTimestamp")[0].value // 1000 if batch.num_rows else None
 
     def unit_sizes(self, mq: MessageQueue, start: int, end: int):
         """The brokers tell no message sizes without the messages: pulls them (bodies included)."""
