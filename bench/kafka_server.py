@@ -8,6 +8,7 @@ The server runs with Kafka's own defaults but for a single node's replication fa
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -80,7 +81,8 @@ class KafkaServer:
             "share.coordinator.state.topic.min.isr=1", "group.initial.rebalance.delay.ms=0", ""]))
         cluster_id = subprocess.run(self._java("kafka.tools.StorageTool", "random-uuid"),
                                     capture_output=True, text=True, check=True).stdout.split()[-1]
-        fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+        # (--cluster-id=: a random id may begin with "-")
+        fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                                         "-c", str(conf)), capture_output=True, text=True)
         if fmt.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed: {fmt.stdout[-1000:]}{fmt.stderr[-1000:]}")
@@ -88,6 +90,7 @@ class KafkaServer:
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(conf), heap=KAFKA_HEAP + KAFKA_GC),
                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
+        atexit.register(self.stop)          # a bench that fails leaves no JVM behind
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
