@@ -167,9 +167,11 @@ class Backend(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
+    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int, *,
+                             info: QueueInfo | None = None) -> int:
         """The first offset whose message was stored at or after ``timestamp_ms`` (the max offset
-        when there is none)."""
+        when there is none). ``info``: the queue's min/max offsets when the caller has them
+        (a backend that needs them need not ask again)."""
 
     @abc.abstractmethod
     def unit_sizes(self, mq: MessageQueue, start: int, end: int):

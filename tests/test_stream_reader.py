@@ -392,7 +392,7 @@ class _ByTime:
     """A backend that only answers offsets by time (group_start asks nothing else)."""
 
     @staticmethod
-    def offset_for_timestamp(mq, ts):
+    def offset_for_timestamp(mq, ts, *, info=None):
         return 7
 
 

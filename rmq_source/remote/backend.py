@@ -380,14 +380,16 @@ class ClusterBackend(Backend):
                              else QueueInfo(topic, mq.queue_id, 0, 0, slave))
         return {mq: found[mq] for mq in mqs if mq in found}, down
 
-    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
+    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int, *,
+                             info: QueueInfo | None = None) -> int:
         """The first message stored at or after ``timestamp_ms`` (the max offset when none): the
-        broker's answer, checked by pulls (:mod:`rmq_source.remote.timestamps`); the answer as it
-        is when the broker stops answering the checks (a broker away is not waited for here)."""
+        broker's answer, checked by pulls (:mod:`rmq_source.remote.timestamps`) within ``info``'s
+        offsets (asked when not given); the answer as it is when the broker stops answering the
+        checks (a broker away is not waited for here)."""
         hint = self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
             self.client, addr, mq.topic, mq.queue_id, timestamp_ms), slave_ok=True)
         try:
-            info = self.infos([mq])[mq]
+            info = self.infos([mq])[mq] if info is None else info
             return first_at_or_after(timestamp_ms, info.min_offset, info.max_offset, hint,
                                      lambda offset: self._store_time(mq, offset))
         except _UNREACHABLE + (RmqBrokerUnavailableError, RmqMasterAwayError) as exc:

@@ -82,22 +82,21 @@ _ALLOCATE_PARAMS = ("allocateQueues", "consumeRooms", "nearbyInnerStrategy", "vi
 _LOCK_OPTIONS = ("lockLeaseMs", "clientLockLeaseMs", "lockRenewIntervalMs")
 
 
-def _check_timestamp_window(start, end) -> None:
-    """An ending timestamp (one, or one per queue) before the starting one of the same queue."""
-    if start is None or end is None:
-        return
+def _check_window(names: tuple[str, str], start, end) -> None:
+    """Refuse an end before the start of the same queue. ``start`` / ``end``: None, one value for
+    every queue, or ``{queue: value}``; negative values (-2 / -1: earliest / latest) are not
+    compared; ``names`` are the options they came from."""
+    if not isinstance(start, (int, dict)) or not isinstance(end, (int, dict)):
+        return                                    # (None, or a word: earliest, latest, group)
     if isinstance(start, int) and isinstance(end, int):
         if end < start:
-            raise RmqOptionError(f"options startingTimestamp={start} and endingTimestamp={end}: the end "
-                                 "must be >= the start")
+            raise RmqOptionError(f"options {names[0]}={start} and {names[1]}={end}: the end must be "
+                                 ">= the start")
         return
-    queues = start.keys() if isinstance(start, dict) else end.keys()
-    for mq in sorted(queues):
+    for mq in sorted(start if isinstance(start, dict) else end):
         s = start if isinstance(start, int) else start.get(mq)
         e = end if isinstance(end, int) else end.get(mq)
-        if s is not None and e is not None and e < s:
-            names = ("startingTimestamp" if isinstance(start, int) else "startingOffsetsByTimestamp",
-                     "endingTimestamp" if isinstance(end, int) else "endingOffsetsByTimestamp")
+        if s is not None and e is not None and 0 <= e < s:
             raise RmqOptionError(f"options {names[0]}/{names[1]}: queue {mq.topic}/{mq.broker_name}/"
                                  f"{mq.queue_id} ends at {e} before it starts at {s}; the end must be "
                                  ">= the start")
@@ -469,13 +468,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                             "{\"topic\":{\"broker\":{\"queueId\":offset}}} with offsets >= 0 or -1 "
                             "(latest); earliest is not allowed as an end")
         if isinstance(starting_offsets, dict) and isinstance(ending_offsets, dict):
-            for mq, start in starting_offsets.items():
-                end = ending_offsets.get(mq)
-                if start >= 0 and end is not None and end >= 0 and end < start:
-                    raise RmqOptionError(
-                        f"options startingOffsets/endingOffsets: queue {mq.topic}/{mq.broker_name}/"
-                        f"{mq.queue_id} ends at {end} before it starts at {start}; the end must be "
-                        ">= the start")
+            _check_window(("startingOffsets", "endingOffsets"), starting_offsets, ending_offsets)
 
     # one timestamp for every queue wins over one per queue (as in Spark's Kafka source)
     starting_timestamp: Any = None
@@ -494,7 +487,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         starting_timestamp = int_option("startingTimestamp", opts["startingTimestamp"], minimum=0)
     if "endingTimestamp" in opts:
         ending_timestamp = int_option("endingTimestamp", opts["endingTimestamp"], minimum=0)
-    _check_timestamp_window(starting_timestamp, ending_timestamp)
+    _check_window(("startingTimestamp" if isinstance(starting_timestamp, int) else "startingOffsetsByTimestamp",
+                   "endingTimestamp" if isinstance(ending_timestamp, int) else "endingOffsetsByTimestamp"),
+                  starting_timestamp, ending_timestamp)
 
     # Queues the group has no progress on
     consume_from_where = "CONSUME_FROM_LAST_OFFSET"

@@ -41,16 +41,15 @@ def _explicit(mq: MessageQueue, value: int, info: QueueInfo) -> int:
     return value
 
 
-def _json_offset(table: Mapping[MessageQueue, int], mq: MessageQueue, option: str) -> int:
+def _json_offset(table: Mapping[MessageQueue, int], mq: MessageQueue, option: str,
+                 unit: str = "offset") -> int:
     try:
         return table[mq]
     except KeyError:
-        if option.endswith("ByTimestamp"):
-            raise RmqOptionError(f"option {option}: no timestamp given for {mq}; every queue read by "
-                                 "the query must be listed") from None
+        special = " (-2 = earliest, -1 = latest)" if unit == "offset" else ""
         raise RmqOptionError(
-            f"option {option}: no offset given for {mq}; when offsets are given as JSON every "
-            "queue read by the query must be listed (-2 = earliest, -1 = latest)") from None
+            f"option {option}: no {unit} given for {mq}; when {unit}s are given as JSON every "
+            f"queue read by the query must be listed{special}") from None
 
 
 def _check_listed_queues_exist(spec: Mapping[MessageQueue, int], mqs: list[MessageQueue],
@@ -83,9 +82,10 @@ def _resolve(backend: Backend, mqs: list[MessageQueue], timestamp, spec,
     out: dict[MessageQueue, int] = {}
     for mq in mqs:
         if isinstance(timestamp, Mapping):
-            out[mq] = backend.offset_for_timestamp(mq, _json_offset(timestamp, mq, by_queue))
+            out[mq] = backend.offset_for_timestamp(mq, _json_offset(timestamp, mq, by_queue, "timestamp"),
+                                                   info=infos[mq])
         elif timestamp is not None:
-            out[mq] = backend.offset_for_timestamp(mq, timestamp)
+            out[mq] = backend.offset_for_timestamp(mq, timestamp, info=infos[mq])
         elif isinstance(spec, Mapping):
             out[mq] = _explicit(mq, _json_offset(spec, mq, option), infos[mq])
         else:
@@ -127,7 +127,7 @@ def group_start(backend: Backend, mq: MessageQueue, info: QueueInfo, opts, group
     if where == "CONSUME_FROM_FIRST_OFFSET":
         return info.min_offset
     if where == "CONSUME_FROM_TIMESTAMP":
-        return backend.offset_for_timestamp(mq, opts.consume_timestamp)
+        return backend.offset_for_timestamp(mq, opts.consume_timestamp, info=info)
     return info.max_offset
 
 

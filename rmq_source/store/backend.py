@@ -106,7 +106,7 @@ class StoreBackend(Backend):
     def info(self, mq: MessageQueue) -> QueueInfo:
         return self.store(mq.broker_name).queue_info(mq.topic, mq.queue_id)
 
-    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int) -> int:
+    def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int, *, info=None) -> int:
         return self.store(mq.broker_name).offset_for_timestamp(mq.topic, mq.queue_id, timestamp_ms)
 
     def unit_sizes(self, mq: MessageQueue, start: int, end: int):
