@@ -31,6 +31,11 @@ import pytest
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+# Everything the suite starts listens and talks on loopback only: the Spark JVMs (local sessions,
+# helpers' sessions, standalone Master/Workers, Connect servers: all inherit this) bind and
+# advertise 127.0.0.1 instead of the machine's network interface. tests/loopback.py checks it.
+LOOPBACK = "127.0.0.1"
+os.environ["SPARK_LOCAL_IP"] = LOOPBACK
 
 REPO = Path(__file__).resolve().parent
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -236,6 +241,7 @@ def spark():
         session = (
             pyspark_sql.SparkSession.builder.master("local[2]")
             .appName("rmq_source-tests")
+            .config("spark.driver.bindAddress", LOOPBACK).config("spark.driver.host", LOOPBACK)
             .config("spark.driver.extraJavaOptions", spark_archive.java_options())
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "2")
@@ -254,6 +260,7 @@ def spark():
 
 # ----------------------------------------------------------------------------- real RocketMQ servers
 sys.path.insert(0, str(REPO / "tests"))
+import loopback  # noqa: E402
 import phase_timings  # noqa: E402
 import rocketmq_cluster  # noqa: E402
 import spark_archive  # noqa: E402
@@ -359,6 +366,24 @@ def pytest_runtest_makereport(item, call):
         if isinstance(cluster, rocketmq_cluster.Cluster):
             report.sections.append(("RocketMQ server logs", f"workdir {cluster.workdir}\n"
                                     + cluster.log_tails()))
+
+
+# ----------------------------------------------------------------------------- loopback only
+_LOOPBACK_WATCH = None
+
+
+@pytest.fixture(autouse=True)
+def loopback_only():
+    """After every test: no process this test run started (servers, Spark JVMs and workers,
+    helpers) listens on, or is connected to, an address other than loopback (tests/loopback.py)."""
+    yield
+    global _LOOPBACK_WATCH
+    if _LOOPBACK_WATCH is None:
+        _LOOPBACK_WATCH = loopback.Watch()
+    offenders = _LOOPBACK_WATCH.offenders()
+    if offenders:
+        pytest.fail("open beyond loopback (tests must listen and talk on 127.0.0.1 only):\n  "
+                    + "\n  ".join(offenders), pytrace=False)
 
 
 # ----------------------------------------------------------------------------- where the time goes

@@ -33,7 +33,14 @@ MANIFEST = "bench_store.json"
 
 #: Spark settings of every benchmark session (printed with the results). They are what a user
 #: would set for a local job: Arrow on, a driver heap large enough for 64 MiB Arrow batches, no UI.
+#: Benches listen and talk on loopback only (SPARK_LOCAL_IP for every JVM they start, the driver's
+#: addresses below); their RocketMQ servers bind loopback (tests/rocketmq_cluster.py), Kafka too.
+LOOPBACK = "127.0.0.1"
+os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+
 SPARK_CONF = {
+    "spark.driver.bindAddress": LOOPBACK,
+    "spark.driver.host": LOOPBACK,
     "spark.driver.memory": "4g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",

@@ -98,12 +98,18 @@ class KafkaServer:
                                    f"{(self.workdir / 'server.out').read_text()[-2000:]}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
+                break
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"Kafka did not listen on {self.bootstrap} in {timeout:.0f} s")
                 time.sleep(0.2)
+        import loopback                     # (tests/, on the path through _rocketmq_cluster())
+        offenders = loopback.offenders_of(self.proc.pid)
+        if offenders:                       # the bench runs on loopback only
+            self.stop()
+            raise RuntimeError("Kafka is open beyond loopback: " + "; ".join(offenders))
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

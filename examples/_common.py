@@ -9,14 +9,21 @@ from pathlib import Path
 # Spark's Python workers must run this interpreter (the one with rmq_source installed).
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# The local Spark session listens and talks on loopback only: without this it binds the driver to
+# the machine's network interface. A session that must be reached from other machines (a cluster's
+# executors) is started by the cluster's own spark-submit instead (examples/cluster_job.py);
+# SPARK_LOCAL_IP set in the environment wins.
+LOCAL_IP = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def local_spark(app: str):
-    """A local[2] Spark session with the rmq data source registered."""
+    """A local[2] Spark session on ``SPARK_LOCAL_IP`` (loopback unless set) with the rmq data
+    source registered."""
     from pyspark.sql import SparkSession
     from rmq_source import RocketMQDataSource
 
     spark = (SparkSession.builder.master("local[2]").appName(app)
+             .config("spark.driver.bindAddress", LOCAL_IP).config("spark.driver.host", LOCAL_IP)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")

@@ -8,6 +8,13 @@
    micro-batches) and shows the lag again (zero) after more messages arrive (lag > 0);
 4. backfills a time window with a batch read (``startingTimestamp``/``endingTimestamp``);
 5. resets the group's offset to a timestamp and shows the lag that creates.
+
+Everything it starts listens and talks on 127.0.0.1 only: a local Spark session (``local[2]``, its
+driver bound to ``SPARK_LOCAL_IP``, 127.0.0.1 unless that is set; see _common.py). To point it at a
+real deployment instead, give the reader a broker's real store folder (``storePath``, as ``--store``
+does in backfill_by_timestamp.py) or ``namesrvAddr`` for a live cluster; to run the same code on a
+Spark cluster, submit it with ``spark-submit --master ...`` as in docs/deploy.md
+(examples/cluster_job.py).
 """
 from __future__ import annotations
 

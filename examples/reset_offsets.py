@@ -5,6 +5,12 @@
 Shows the two ways: rewriting the group's committed offsets (``rmq_source.group.progress.reset_group``,
 also ``rmq-store reset-offset``), or starting a new query with ``startingOffsets``/
 ``startingTimestamp``, which take precedence over the group's progress.
+
+Everything it starts listens and talks on 127.0.0.1 only: a local Spark session (``local[2]``, its
+driver bound to ``SPARK_LOCAL_IP``, 127.0.0.1 unless that is set; see _common.py). To point it at a
+real deployment instead, give ``--store`` the broker's ``storePathRootDir``; to run the same code on
+a Spark cluster, submit it with ``spark-submit --master ...`` as in docs/deploy.md
+(examples/cluster_job.py).
 """
 from __future__ import annotations
 

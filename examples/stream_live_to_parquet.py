@@ -10,6 +10,13 @@ consumerProgress`` and ``rmq-store lag --namesrv`` show it. Run it twice: the se
 from its checkpoint. Without --namesrv it starts RocketMQ from Maven Central (as the test suite
 does), sends sample messages to ``--topic`` and stops the servers at the end. ACL: add
 ``.option("accessKey", ...)`` and ``.option("secretKey", ...)``.
+
+Everything it starts listens and talks on 127.0.0.1 only: a local Spark session (``local[2]``, its
+driver bound to ``SPARK_LOCAL_IP``, 127.0.0.1 unless that is set; see _common.py), and without
+``--namesrv`` a NameServer and broker bound to loopback. To point it at a real deployment instead,
+give ``--namesrv`` your NameServers' addresses (``host:port;host:port``, reachable from the driver
+and every executor) and ``--topic``; to run the same code on a Spark cluster, submit it with
+``spark-submit --master ...`` as in docs/deploy.md (examples/cluster_job.py).
 """
 from __future__ import annotations
 

@@ -4,6 +4,12 @@
 
 Without --store a sample store is generated under --out. Run it twice: the second run resumes from
 the checkpoint and writes only what arrived in between (the script appends some messages first).
+
+Everything it starts listens and talks on 127.0.0.1 only: a local Spark session (``local[2]``, its
+driver bound to ``SPARK_LOCAL_IP``, 127.0.0.1 unless that is set; see _common.py). To point it at a
+real deployment instead, give ``--store`` the broker's ``storePathRootDir``; to run the same code on
+a Spark cluster, submit it with ``spark-submit --master ...`` as in docs/deploy.md
+(examples/cluster_job.py).
 """
 from __future__ import annotations
 

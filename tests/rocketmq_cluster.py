@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import loopback
 from phase_timings import timed
 
 #: The two lines the suite runs against, newest first: the last 4.9.x and the newest 5.3.x whose
@@ -181,12 +182,7 @@ def _port_free(port: int) -> bool:
             s.bind(("127.0.0.1", port))
         except OSError:
             return False
-    # 4.9 NameServer and brokers bind the wildcard address: check it too
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
+    # (a program holding the wildcard address on the port makes this bind fail too)
     return True
 
 
@@ -306,7 +302,8 @@ class JavaServer:
         env = dict(os.environ)
         env["ROCKETMQ_HOME"] = str(self.rocketmq_home)
         env.pop("JAVA_TOOL_OPTIONS", None)
-        return env
+        # every socket the server binds to "all interfaces" binds to loopback (tests/loopback_bind.c)
+        return loopback.preload_env(env, loopback.bind_shim(cache_root()))
 
     def args(self) -> list[str]:
         raise NotImplementedError
@@ -340,6 +337,7 @@ class JavaServer:
                 try:
                     self._wait_boot(timeout)
                     self.booted = True
+                    self.check_loopback()
                     return
                 except ServerError:
                     if (attempt == relaunches or self.port_span is None or self.booted or self.alive()
@@ -347,6 +345,15 @@ class JavaServer:
                         raise
                 self.port = free_port(self.port_span)
                 self.launch()
+
+    def check_loopback(self) -> None:
+        """Raise ServerError when the booted server listens or talks on an address other than
+        loopback (tests/loopback.py)."""
+        offenders = loopback.offenders_of(self.proc.pid)
+        if offenders:
+            self.stop(graceful=False)
+            raise ServerError(f"{self.name} (RocketMQ {self.version}) is open beyond loopback: "
+                              + "; ".join(offenders))
 
     def _own_output(self) -> str:
         """What the JVM printed since its last launch."""
@@ -507,7 +514,7 @@ class Broker(JavaServer):
             "brokerId": self.broker_id, "brokerRole": "SLAVE" if self.broker_id else "ASYNC_MASTER",
             "flushDiskType": "ASYNC_FLUSH", "namesrvAddr": self.namesrv,
             "brokerIP1": "127.0.0.1", "brokerIP2": "127.0.0.1", "listenPort": self.port,
-            "haListenPort": self.port + 1,
+            "haListenPort": self.port + 1, "bindAddress": "127.0.0.1",   # 5.x's remoting port
             "storePathRootDir": self.store, "storePathCommitLog": self.store / "commitlog",
             "autoCreateTopicEnable": "true", "autoCreateSubscriptionGroup": "true",
             "enablePropertyFilter": "true",

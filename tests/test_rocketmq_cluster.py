@@ -94,7 +94,7 @@ def test_a_port_taken_before_the_jvm_binds_it_is_replaced(rocketmq_jars, tmp_pat
     import socket
     version, jars = rocketmq_jars("4.9")
     taken = socket.socket()
-    taken.bind(("0.0.0.0", 0))
+    taken.bind(("127.0.0.1", 0))
     taken.listen(1)
     real, picks = rc.free_port, [taken.getsockname()[1]]
     monkeypatch.setattr(rc, "free_port", lambda span=(0,): picks.pop() if picks else real(span))

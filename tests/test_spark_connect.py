@@ -68,7 +68,9 @@ def connect_server(tmp_path_factory):
         server = subprocess.Popen(
             [str(home / "bin" / "spark-submit"), "--master", "local[2]",
              "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-             "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.ui.enabled=false",
+             "--conf", f"spark.connect.grpc.binding.port={port}",
+             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",   # else every interface
+             "--conf", "spark.ui.enabled=false",
              "--conf", "spark.sql.shuffle.partitions=2",
              "--conf", f"spark.driver.extraJavaOptions={spark_archive.java_options()}", "spark-internal"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
