@@ -12,6 +12,8 @@ the answers RocketMQ gave when it wrote them:
 - the tag-hash scans of filter.jsonl hold the broker's queue offsets;
 - each queue's records cut out of the CommitLog and laid end to end, as a pull answer lays them,
   decode into the same rows as the scan;
+- SQL92 selectors run by the C core over each queue's properties select what the Python
+  evaluator (the broker's rules) selects;
 - the C core's OpenSSL (the wheel's own copy) makes a TLS client context with the default CAs,
   and refuses a CA file that is not there.
 
@@ -32,9 +34,15 @@ from pathlib import Path
 
 import rmq_source._native as _native
 from rmq_source.store import native
+from rmq_source.sql92 import compile_selector
+from rmq_source.sql92.program import selector_program
 from rmq_source.subscription import Subscription
 
 VERSIONS = ["rocketmq-4.9.3", "rocketmq-5.3.3"]
+#: numbers as Long and Double, strings, missing properties (null)
+SELECTORS = ["seq > 100 AND seq <= 1500.5", "TAGS IN ('TagA', 'TagB') OR orderId BETWEEN 10 AND 20",
+             "NOT (orderId = 40) AND src STARTSWITH 'oracle'", "orderId IS NULL OR seq < -1e300",
+             "KEYS ENDSWITH '-040' OR KEYS CONTAINS 'ORDER-03'"]
 COLUMNS = ("queueId", "commitLogOffset", "storeSize", "msgId", "uniqKey", "tags", "bornHost",
            "storeHost", "sysFlag", "flag", "reconsumeTimes", "bodyCRC", "preparedTransactionOffset")
 
@@ -70,12 +78,14 @@ class Store:
         self.cq_file_size = params["mappedFileSizeConsumeQueue"]
 
     def scan(self, topic: str, qid: int, start: int, end: int, **kw) -> list[dict]:
+        self.batches = []
         folder = self.store / "consumequeue" / topic / str(qid)
         cq = [native.map_segment(p, s) for s, p in _files(folder)]
         rows, pos = [], start
         while pos < end:
             res = native.scan_queue(self.commitlog, cq, self.cq_file_size, pos, end, **kw)
             res.batch.validate(full=True)
+            self.batches.append(res.batch)
             rows += res.batch.to_pylist()
             if res.status != "FULL":
                 assert res.status == "END" and res.next_offset == end, (topic, qid, res.status)
@@ -129,6 +139,12 @@ def check(root: Path) -> dict:
                 assert dict(row["properties"]) == exp["properties"], where
             absorb(f"{version} scan {topic}/{qid}", rows)
             counts["scanned"] += len(rows)
+            for text in SELECTORS:
+                program, selector = selector_program(text), compile_selector(text)
+                mask = [int(m) for b in st.batches for m in program.matches_mask(b.column("properties"))]
+                assert mask == [int(selector.matches(dict(r["properties"]))) for r in rows], (version, text)
+                absorb(f"{version} sql92 {topic}/{qid} {text}", mask)
+                counts["selected"] += sum(mask)
             # a pull answer: the queue's records end to end
             answer = b"".join(st.record(r["commitLogOffset"], r["storeSize"]) for r in rows)
             batch, nxt = native.decode_records(answer, where=f"{version} {topic}/{qid}", topic=topic,

@@ -2,6 +2,7 @@
 auditwheel to a manylinux tag that pip and package indexes accept.
 
     python tools/build_wheels.py [--out DIR] [--arch x86_64] [--arch aarch64]
+    python tools/build_wheels.py --apt-packages     # what .ci/run installs
 
 x86_64: ``python -m build --wheel`` of a copy of the checkout (as tests/test_packaging.py), then
 ``auditwheel repair``.
@@ -162,9 +163,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "dist", help="where the repaired wheels go")
     ap.add_argument("--arch", action="append", choices=["x86_64", "aarch64"],
                     help="the wheels to build (default: both)")
+    ap.add_argument("--apt-packages", action="store_true",
+                    help="print APT_PACKAGES (for apt-get install) and stop")
     ap.add_argument("--arm64-root", type=Path,
                     help="the folder of Debian's arm64 Python (made if absent; default: temporary)")
     args = ap.parse_args(argv)
+    if args.apt_packages:
+        print(" ".join(APT_PACKAGES))
+        return 0
     arches = args.arch or ["x86_64", "aarch64"]
     args.out.mkdir(parents=True, exist_ok=True)
     report = {}
