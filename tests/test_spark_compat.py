@@ -170,3 +170,45 @@ def test_a_live_read_and_a_sink_write(spark, rocketmq):
     back = (spark.read.format("rmq").option("namesrvAddr", rocketmq.namesrv_addr).option("topic", topic)
             .load().select("body").collect())
     assert sorted(bytes(r.body) for r in back) == sorted(f"body {i}".encode() for i in range(50))
+
+
+@pytest.mark.broker
+def test_a_live_ordered_group_stream_commits_its_progress_to_the_broker(spark, rocketmq, tmp_path):
+    """A processing-time group query of a live topic (ordered, rate-limited): every message read
+    once, and the group's progress on the broker reaches the end while the query runs (each
+    batch is committed there once Spark committed it), where mqadmin and Java consumers see it."""
+    from rmq_source.remote import RemotingClient
+    from rmq_source.remote import requests as rq
+
+    topic, group = f"CompatG{uuid.uuid4().hex[:8]}", f"compat-{uuid.uuid4().hex[:6]}"
+    broker = rocketmq.brokers["broker-a"]
+    queues, per_queue = 3, 20
+    with RemotingClient(timeout=15) as client:
+        rocketmq.create_topic(client, topic, queues)
+        for q in range(queues):
+            for i in range(per_queue):
+                rq.send_message(client, broker.addr, topic, b"q%d-%d" % (q, i), queue_id=q)
+        for q in range(queues):
+            rq.wait_max_offset(client, broker.addr, topic, q, per_queue)
+    sink = tmp_path / "sink"
+    query = (spark.readStream.format("rmq").option("namesrvAddr", rocketmq.namesrv_addr)
+             .option("topic", topic).option("consumerGroup", group).option("startingOffsets", "earliest")
+             .option("maxMessagesPerTrigger", "25").option("groupStatePath", str(tmp_path / "state"))
+             .load().select("queueId", "queueOffset").writeStream.format("parquet")
+             .option("path", str(sink)).option("checkpointLocation", str(tmp_path / "chk"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        progress = _wait_rows(query, queues * per_queue)
+        deadline = time.monotonic() + 120
+        with RemotingClient(timeout=15) as client:
+            while True:
+                committed = {q: rq.query_consumer_offset(client, broker.addr, group, topic, q)
+                             for q in range(queues)}
+                if all(committed[q] == per_queue for q in range(queues)) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+    finally:
+        query.stop()
+    assert committed == {q: per_queue for q in range(queues)}, committed
+    assert all(p["numInputRows"] <= 25 for p in progress)
+    assert _rows(spark, sink) == sorted((q, o) for q in range(queues) for o in range(per_queue))

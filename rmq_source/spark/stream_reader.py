@@ -7,7 +7,8 @@ Group progress (with ``consumerGroup``) is written only for batches Spark has co
 or retried batch never moves the group. Spark plans a new batch only after the batch ending at
 ``start`` is in the checkpoint's commit log, so :meth:`RmqStreamReader.latestOffset` records
 ``start`` as the group's progress (for the queues that batch read). This also records the last batch
-of a ``Trigger.AvailableNow`` run. After a processing-time query stops, the group may trail the
+of a ``Trigger.AvailableNow`` run (PySpark 4.2+; before, Spark runs it as one batch and asks
+nothing after it: :mod:`rmq_source.spark.compat`). After a processing-time query stops, the group may trail the
 checkpoint by its last batch; the same query resumes from its checkpoint regardless.
 
 With ``consumerGroup`` the query is a member of its group (:mod:`rmq_source.group.session`): it reads
