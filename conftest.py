@@ -322,7 +322,21 @@ def rocketmq(request, rocketmq_jars, tmp_path_factory):
 _MARKED_BY_FIXTURE = {"rocketmq": "broker", "rocketmq_jars": "broker", "spark": "spark"}
 
 
+def _admission_control() -> bool:
+    """Whether the PySpark running the tests passes Python sources read limits (4.2+)."""
+    try:
+        from rmq_source.spark import compat
+    except ImportError:
+        return True          # (no PySpark: the Spark tests fail on their own)
+    return compat.ADMISSION_CONTROL
+
+
 def pytest_collection_modifyitems(items):
+    if not _admission_control():
+        for item in items:
+            if item.get_closest_marker("spark42") is not None:
+                item.add_marker(pytest.mark.skip(reason="needs PySpark 4.2+: tests/test_spark_compat.py "
+                                                 "covers what this PySpark does instead"))
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):
             marker = _MARKED_BY_FIXTURE.get(fixture)

@@ -49,6 +49,11 @@ class RmqMissingDependencyError(RmqSourceError, ImportError):
     """An optional Python package (lz4, zstandard, pyspark) is needed for this operation."""
 
 
+class RmqSparkVersionError(RmqMissingDependencyError):
+    """The installed PySpark cannot run the data source (none, or older than 4.0); the message
+    names the version found and the one needed."""
+
+
 class RmqConfigFileError(RmqSourceError, ValueError):
     """A JSON config file (consumerOffset.json, topics.json, ...) cannot be parsed, nor its .bak."""
 

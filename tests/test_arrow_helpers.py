@@ -45,7 +45,7 @@ def test_a_store_read_does_not_import_pandas(tmp_path):
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         from store_builder import build_store
         build_store({str(tmp_path / "s")!r}, topics=(("T", 3, 40),))
-        from pyspark.sql.streaming.datasource import ReadAllAvailable
+        from rmq_source.spark.compat import ReadAllAvailable
         from rmq_source.spark.datasource import RocketMQDataSource
         reader = RocketMQDataSource({{"storePath": {str(tmp_path / "s")!r}, "topic": "T",
                                       "startingOffsets": "earliest"}}).streamReader(None)

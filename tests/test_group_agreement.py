@@ -3,7 +3,7 @@ RocketMQ requires): a query whose options differ from a live member's is refused
 from __future__ import annotations
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from rmq_source.spark.compat import ReadAllAvailable
 
 from rmq_source.errors import RmqOptionError
 from rmq_source.spark.options import parse_options

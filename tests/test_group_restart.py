@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from rmq_source.spark.compat import ReadAllAvailable
 
 from rmq_source.group.locks import find_lock_overlaps, read_history
 from rmq_source.spark.partition_reader import check_task_locks

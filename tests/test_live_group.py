@@ -67,6 +67,7 @@ def _progress(client, addr, topic, group) -> dict[int, int | None]:
     return {q: rq.query_consumer_offset(client, addr, group, topic, q) for q in range(QUEUES)}
 
 
+@pytest.mark.spark42     # (AvailableNow runs: their last batch committed to the group)
 def test_a_query_shares_the_queues_with_another_consumer_of_its_group(spark, rocketmq, topic, tmp_path):
     group = f"LiveGroup_{uuid.uuid4().hex[:6]}"
     broker = rocketmq.brokers["broker-a"]
@@ -95,6 +96,7 @@ def test_a_query_shares_the_queues_with_another_consumer_of_its_group(spark, roc
         assert _progress(client, broker.addr, topic, group) == {q: PER_QUEUE for q in range(QUEUES)}
 
 
+@pytest.mark.spark42     # (AvailableNow runs: their last batch committed to the group)
 def test_ordered_query_waits_for_a_queue_another_client_holds_on_the_broker(spark, rocketmq, topic,
                                                                            tmp_path):
     """orderly=true (the default): a queue whose broker lock another client holds is not read
@@ -169,6 +171,7 @@ public class GroupConsume {
 """
 
 
+@pytest.mark.spark42     # (AvailableNow runs: their last batch committed to the group)
 def test_java_consumer_and_query_resume_each_other(spark, rocketmq, tmp_path):
     """The group's progress is one: a Java push consumer of the group starts where the query's
     committed batches ended, and the query continues where the Java consumer stopped."""

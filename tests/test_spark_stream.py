@@ -14,6 +14,7 @@ from conftest import fixture_dir
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.store.config_files import read_consumer_offsets
 from rmq_source.group.offset_store import GroupOffsetStore
+from rmq_source.spark import compat
 from rmq_source.store.reader import Store
 from rmq_source.store.writer import StoreWriter
 from store_builder import append_messages, build_store
@@ -56,6 +57,7 @@ def _max_offsets(written) -> dict:
     return out
 
 
+@pytest.mark.spark42
 def test_available_now_exactly_once_across_restarts_with_limits(spark, tmp_path):
     store = tmp_path / "store"
     written = build_store(store, topics=(("TopicTest", 4, 200),))
@@ -124,10 +126,13 @@ def test_processing_time_trigger_while_the_writer_appends(spark, tmp_path):
     progress = q.recentProgress
     q.stop()
     assert all(p["numInputRows"] <= 40 for p in progress)
-    # lag is reported to the query progress: the store's max offsets, reached by the query
     src = progress[-1]["sources"][0]
-    assert json.loads(src["latestOffset"]) == _max_offsets(written + more), src
-    assert json.loads(src["endOffset"]) == json.loads(src["latestOffset"]), src
+    # (before 4.2 Spark asks Python sources for no latestOffset metric, and the progress shows their
+    # offsets as Python dicts: the rows below are the check there)
+    if compat.ADMISSION_CONTROL:
+        # lag is reported to the query progress: the store's max offsets, reached by the query
+        assert json.loads(src["latestOffset"]) == _max_offsets(written + more), src
+        assert json.loads(src["endOffset"]) == json.loads(src["latestOffset"]), src
     assert _sink_rows(spark, sink) == _rows(written + more)
 
 
@@ -153,6 +158,7 @@ def _fixture_rows(keep) -> list:
     return sorted(rows)
 
 
+@pytest.mark.spark42    # (before 4.2 the group trails an AvailableNow run by its last batch)
 def test_group_progress_resume_and_reset(spark, tmp_path, java_group_store):
     store = java_group_store
     broker_file = (store / "config" / "consumerOffset.json").read_bytes()

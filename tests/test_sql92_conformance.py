@@ -196,7 +196,7 @@ def test_string_predicates_are_refused_where_the_broker_does_not_know_them(rocke
     """CONTAINS/STARTSWITH/ENDSWITH came with RocketMQ 5.1.3. A 4.9 broker takes ``s NOT CONTAINS
     'b'`` for ``s`` and delivers other messages, which no client-side recheck can bring back: the
     live query is refused at planning, naming the broker's version; a 5.x broker evaluates it."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from rmq_source.spark.compat import ReadAllAvailable
     from rmq_source.spark.batch_reader import plan_batch
     from rmq_source.spark.options import parse_options
     from rmq_source.spark.stream_reader import RmqStreamReader

@@ -4,7 +4,7 @@ A group's members split each topic by itself, as RocketMQ's clients rebalance.""
 from __future__ import annotations
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from rmq_source.spark.compat import ReadAllAvailable
 
 from rmq_source.errors import RmqAllocationError
 from rmq_source.spark.options import parse_options

@@ -6,7 +6,7 @@ import logging
 import shutil
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
+from rmq_source.spark.compat import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
 from rmq_source.errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
 from rmq_source.spark.offsets import from_json_dict
@@ -41,7 +41,7 @@ def test_max_messages_is_shared_by_backlog_and_never_exceeded(store):
     start = r.initialOffset()
     seen = 0
     while True:
-        end = r.latestOffset(start, r.getDefaultReadLimit())
+        end = r.plan_latest(start, r.getDefaultReadLimit())
         n = _total(start, end)
         if n == 0:
             break
@@ -50,14 +50,14 @@ def test_max_messages_is_shared_by_backlog_and_never_exceeded(store):
         start = end
     assert seen == 90
     # the engine's ReadAllAvailable (e.g. Trigger.Once) ignores the option
-    assert _total(r.initialOffset(), r.latestOffset(r.initialOffset(), ReadAllAvailable())) == 90
+    assert _total(r.initialOffset(), r.plan_latest(r.initialOffset(), ReadAllAvailable())) == 90
 
 
 def test_max_bytes_admits_whole_messages_within_the_budget(store):
     r = _reader(store, maxBytesPerTrigger="4000")
     assert r.getDefaultReadLimit() == ReadMaxBytes(4000)
     start = r.initialOffset()
-    end = r.latestOffset(start, r.getDefaultReadLimit())
+    end = r.plan_latest(start, r.getDefaultReadLimit())
     with Store(store) as s:
         used = sum(s.range_bytes(mq.topic, mq.queue_id, o, from_json_dict(end)[mq])
                    for mq, o in from_json_dict(start).items())
@@ -71,9 +71,9 @@ def test_min_messages_waits_until_the_delay(store, monkeypatch):
     start = r.initialOffset()
     with StoreWriter(store) as w:
         append_messages(w, "T", 5, start_ts=1_700_009_000_000)
-    assert r.latestOffset(start, r.getDefaultReadLimit()) == start  # 5 < 10: wait
+    assert r.plan_latest(start, r.getDefaultReadLimit()) == start  # 5 < 10: wait
     r._last_batch_at -= 3601  # the delay has passed
-    assert _total(start, r.latestOffset(start, r.getDefaultReadLimit())) == 5
+    assert _total(start, r.plan_latest(start, r.getDefaultReadLimit())) == 5
 
 
 def test_available_now_stops_at_the_target_and_lag_is_reported(store):
@@ -82,7 +82,7 @@ def test_available_now_stops_at_the_target_and_lag_is_reported(store):
     r.prepareForTriggerAvailableNow()
     with StoreWriter(store) as w:
         append_messages(w, "T", 12, start_ts=1_700_009_000_000)
-    end = r.latestOffset(start, ReadAllAvailable())
+    end = r.plan_latest(start, ReadAllAvailable())
     assert _total(start, end) == 90  # not the 12 appended after the target was taken
     latest = r.reportLatestOffset()
     assert _total(end, latest) == 12  # the lag Spark shows in the query progress
@@ -91,8 +91,8 @@ def test_available_now_stops_at_the_target_and_lag_is_reported(store):
 def test_partitions_one_task_per_queue_in_order(store):
     r = _reader(store, numPartitions="2")
     start = r.initialOffset()
-    end = r.latestOffset(start, ReadAllAvailable())
-    parts = r.partitions(start, end)
+    end = r.plan_latest(start, ReadAllAvailable())
+    parts = r.plan_partitions(start, end)
     assert len(parts) == 2
     ranges = [rg for p in parts for rg in p.ranges]
     assert sorted(rg.queue_id for rg in ranges) == [0, 1, 2]
@@ -122,19 +122,19 @@ def test_first_batch_reads_from_the_start_it_was_planned_from(store):
     r = _reader(store, clientId="first", **group)
     try:
         start = r.initialOffset()
-        end = r.latestOffset(start, ReadAllAvailable())
+        end = r.plan_latest(start, ReadAllAvailable())
         for mq in from_json_dict(start):  # another member of the group commits meanwhile
             r.group_store.update_offset(mq, 7, increase_only=False)
         r.group_store.persist(list(from_json_dict(start)))
         assert r.initialOffset() == start
-        assert _ranges(r.partitions(r.initialOffset(), end)) == [(q, 0, 30) for q in range(3)]
+        assert _ranges(r.plan_partitions(r.initialOffset(), end)) == [(q, 0, 30) for q in range(3)]
     finally:
         r.stop()
     restarted = _reader(store, clientId="restarted", **group)
     try:
         again = restarted.initialOffset()
         assert again != start  # computed anew from the group's progress
-        assert _ranges(restarted.partitions(again, end)) == [(q, 0, 30) for q in range(3)]
+        assert _ranges(restarted.plan_partitions(again, end)) == [(q, 0, 30) for q in range(3)]
     finally:
         restarted.stop()
 
@@ -173,7 +173,7 @@ def test_available_now_reads_a_backlog_smaller_than_min_messages(store):
     r = _reader(store, minMessagesPerTrigger="1000", maxTriggerDelay="1h")
     start = r.initialOffset()
     r.prepareForTriggerAvailableNow()
-    assert _total(start, r.latestOffset(start, r.getDefaultReadLimit())) == 90
+    assert _total(start, r.plan_latest(start, r.getDefaultReadLimit())) == 90
 
 
 def _drain(r, limit, start=None, max_batches=500):
@@ -181,7 +181,7 @@ def _drain(r, limit, start=None, max_batches=500):
     start = r.initialOffset() if start is None else start
     batches = []
     for _ in range(max_batches):
-        end = r.latestOffset(start, limit)
+        end = r.plan_latest(start, limit)
         if end == start:
             return batches
         batches.append((start, end))
@@ -296,9 +296,9 @@ def test_retention_overtaking_a_stopped_query_is_skipped_once(tmp_path, caplog, 
     start, low = _retained_store(root)
     r = _reader(root, failOnDataLoss="false", **limit)
     caplog.set_level(logging.WARNING, logger="rmq_source")
-    first = r.latestOffset(start, r.getDefaultReadLimit())
+    first = r.plan_latest(start, r.getDefaultReadLimit())
     assert from_json_dict(first)[next(iter(from_json_dict(first)))] > low  # past the loss at once
-    parts = r.partitions(start, first)
+    parts = r.plan_partitions(start, first)
     assert [(rg.start, rg.end) for p in parts for rg in p.ranges] == [
         (low, from_json_dict(first)[next(iter(from_json_dict(first)))])]
     rest = _drain(r, r.getDefaultReadLimit(), first)
@@ -315,7 +315,7 @@ def test_retention_overtaking_a_stopped_query_fails_exactly(tmp_path, limit):
     start, low = _retained_store(root)
     r = _reader(root, **limit)
     with pytest.raises(RmqDataLossError, match=rf"offsets \[10, {low}\) \({low - 10} messages\)"):
-        r.latestOffset(start, r.getDefaultReadLimit())
+        r.plan_latest(start, r.getDefaultReadLimit())
 
 
 def _replace_store(root, messages):
@@ -330,23 +330,23 @@ def test_recreated_store_continues_at_its_earliest_offset(tmp_path, caplog, fail
     root = tmp_path / "s"
     build_store(root, topics=(("T", 1, 100),))
     r = _reader(root, failOnDataLoss=str(fail).lower())
-    start = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    start = r.plan_latest(r.initialOffset(), ReadAllAvailable())
     assert _total(r.initialOffset(), start) == 100
     _replace_store(root, 10)
     caplog.set_level(logging.WARNING, logger="rmq_source")
     if fail:
         with pytest.raises(RmqDataLossError, match=r"offset 100 is beyond the queue's max offset 10:"):
-            r.latestOffset(start, ReadAllAvailable())
+            r.plan_latest(start, ReadAllAvailable())
         return
-    end = r.latestOffset(start, ReadAllAvailable())
+    end = r.plan_latest(start, ReadAllAvailable())
     assert from_json_dict(end) == {mq: 10 for mq in from_json_dict(start)}
     assert "continuing from its earliest available offset 0" in caplog.text
     with StoreWriter(root) as w:  # more arrive before the batch runs (or is re-run)
         append_messages(w, "T", 100, start_ts=1_800_001_000_000)
     for again in range(2):
-        assert _ranges(r.partitions(start, end)) == [(0, 0, 10)]
-    later = r.latestOffset(end, ReadAllAvailable())
-    assert _ranges(r.partitions(end, later)) == [(0, 10, 110)]
+        assert _ranges(r.plan_partitions(start, end)) == [(0, 0, 10)]
+    later = r.plan_latest(end, ReadAllAvailable())
+    assert _ranges(r.plan_partitions(end, later)) == [(0, 10, 110)]
 
 
 @pytest.mark.parametrize("option, value", [

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from rmq_source.spark import compat  # noqa: F401 - first: a PySpark it cannot run on is named
+from pyspark.sql.datasource import DataSource, DataSourceReader  # noqa: E402
 from pyspark.sql.types import StructType
 
 from rmq_source.errors import RmqOptionError

@@ -19,8 +19,9 @@ from typing import Iterator
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from rmq_source.spark.compat import StreamArrowWriterBase
 
 from rmq_source.errors import RmqOptionError, RmqSourceError
 from rmq_source.sink.columns import check_schema
@@ -92,7 +93,7 @@ class RmqSinkWriter(DataSourceArrowWriter):
                     self.opts.write_id, _summary(messages))
 
 
-class RmqSinkStreamWriter(DataSourceStreamArrowWriter):
+class RmqSinkStreamWriter(StreamArrowWriterBase):
     """``df.writeStream.format("rmq")``."""
 
     def __init__(self, opts: SinkOptions):

@@ -7,7 +7,8 @@ Group progress (with ``consumerGroup``) is written only for batches Spark has co
 or retried batch never moves the group. Spark plans a new batch only after the batch ending at
 ``start`` is in the checkpoint's commit log, so :meth:`RmqStreamReader.latestOffset` records
 ``start`` as the group's progress (for the queues that batch read). This also records the last batch
-of a ``Trigger.AvailableNow`` run. After a processing-time query stops, the group may trail the
+of a ``Trigger.AvailableNow`` run (PySpark 4.2+; before, Spark runs it as one batch and asks
+nothing after it: :mod:`rmq_source.spark.compat`). After a processing-time query stops, the group may trail the
 checkpoint by its last batch; the same query resumes from its checkpoint regardless.
 
 With ``consumerGroup`` the query is a member of its group (:mod:`rmq_source.group.session`): it reads
@@ -22,9 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyspark.sql.datasource import DataSourceStreamReader
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
-                                              ReadMinRows, SupportsTriggerAvailableNow)
+from rmq_source.spark.compat import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows, ReadMinRows,
+                                    StreamReaderBase)
 
 from rmq_source.group.allocation import (AllocateMessageQueueAveragely, AskedOnce, MessageQueue, UserStrategy,
                                         sort_queues)
@@ -54,11 +54,15 @@ _SIZE_SAMPLE = 1024          # units read per queue to estimate a large backlog'
 _MIN_RECORD_SIZE = 91        # the smallest CommitLog record (format doc §3.2)
 
 
-class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches over the queues of the query, with admission control and group commits."""
+class RmqStreamReader(StreamReaderBase):
+    """Micro-batches over the queues of the query, with admission control and group commits.
+
+    Spark's calls reach :meth:`plan_latest` and :meth:`plan_partitions` through
+    :class:`rmq_source.spark.compat.StreamReaderBase`, which fits them to the PySpark in use."""
 
     def __init__(self, opts):
         self.opts = opts
+        self.warn_unsupported_trigger_options()
         self.backend = open_backend(opts)
         self.strategy = strategy_of(opts)
         self._batch_strategy = self.strategy   # the strategy as asked for the batch being planned
@@ -158,7 +162,11 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 starts[mq] = info.min_offset
         return starts
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def plan_latest(self, start: dict, limit: ReadLimit) -> dict:
+        """The end of the next micro-batch starting at ``start`` (Spark's ``latestOffset``): every
+        queue's offset after the admission limits (``limit`` is Spark's, or the default read
+        limit), the group's allocation and locks; ``start`` is the end of the batch Spark
+        committed last."""
         start_map = from_json_dict(start, what="start offset")
         if isinstance(self.strategy, UserStrategy):   # asked once per batch (see AskedOnce)
             self._batch_strategy = AskedOnce(self.strategy)
@@ -401,7 +409,16 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {mq: info.max_offset for mq, info in infos.items()}
 
     # -- planning and reading ----------------------------------------------------------------
-    def partitions(self, start: dict, end: dict):
+    def rate_limit_options(self) -> list[str]:
+        """The rate-limit options set (``name=value``), for messages."""
+        o = self.opts
+        named = (("maxMessagesPerTrigger", o.max_messages_per_trigger),
+                 ("maxBytesPerTrigger", o.max_bytes_per_trigger),
+                 ("minMessagesPerTrigger", o.min_messages_per_trigger))
+        return [f"{name}={value}" for name, value in named if value]
+
+    def plan_partitions(self, start: dict, end: dict):
+        """The tasks of the micro-batch ``[start, end)`` (Spark's ``partitions``)."""
         ends = from_json_dict(end, what="end offset")
         starts = from_json_dict(start, what="start offset")
         if self.session is not None:

@@ -59,18 +59,19 @@ class CrashingStreamReader(RmqStreamReader):
         want, n = _spec()
         return want == step and self._calls[step] == n
 
-    def latestOffset(self, start, limit):
+    # (the planning steps, behind whichever latestOffset/partitions this PySpark calls)
+    def plan_latest(self, start, limit):
         if self._count("next"):
             _die()
-        end = super().latestOffset(start, limit)
+        end = super().plan_latest(start, limit)
         if self._count("plan"):
             _die()
         return end
 
-    def partitions(self, start, end):
+    def plan_partitions(self, start, end):
         if self._count("logged"):
             _die()
-        return super().partitions(start, end)
+        return super().plan_partitions(start, end)
 
     def read(self, partition):
         step, offset = _spec()
