@@ -75,6 +75,28 @@ def test_the_features_follow_the_installed_version():
 
 # ------------------------------------------------------------------------------------ streams
 
+@pytest.mark.parametrize("options, named", [
+    ({"maxMessagesPerTrigger": "20"}, "maxMessagesPerTrigger=20"),
+    ({"maxBytesPerTrigger": "4096", "minMessagesPerTrigger": "5"}, "maxBytesPerTrigger=4096, minMessagesPerTrigger=5"),
+    ({}, None),
+])
+def test_a_rate_limit_spark_cannot_pass_is_warned_at_query_start(tmp_path, caplog, options, named):
+    """Before 4.2 a rate-limited Trigger.AvailableNow query reads one capped batch: the reader says
+    so when it starts (it cannot know its trigger); 4.2+ honours the limits and says nothing."""
+    from rmq_source.spark.options import parse_options
+    from rmq_source.spark.stream_reader import RmqStreamReader
+
+    build_store(tmp_path / "store", topics=(("T", 1, 3),))
+    with caplog.at_level("WARNING", logger="rmq_source.spark.compat"):
+        RmqStreamReader(parse_options({"storePath": str(tmp_path / "store"), "topic": "T", **options},
+                                      streaming=True))
+    warned = [r.getMessage() for r in caplog.records if r.name == "rmq_source.spark.compat"]
+    if compat.ADMISSION_CONTROL or named is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and named in warned[0] and compat.PYSPARK_VERSION_TEXT in warned[0], warned
+
+
 def _rows(spark, sink):
     got = spark.read.parquet(str(sink)).select("queueId", "queueOffset").collect()
     return sorted((r.queueId, r.queueOffset) for r in got)

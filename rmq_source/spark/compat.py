@@ -105,22 +105,6 @@ else:
     class ReadMaxBytes(ReadLimit):
         max_bytes: int
 
-    class SupportsTriggerAvailableNow:
-        """Spark before 4.2 never calls ``prepareForTriggerAvailableNow`` of a Python source."""
-
-
-class _PlannedStart:
-    """The start of the next micro-batch, for a Spark that does not pass it (before 4.2).
-
-    Spark calls ``latestOffset()`` only after the previous batch is in the commit log, and the
-    next batch starts where the last answer ended (an answer equal to its start plans no batch).
-    A restarted query first plans the batch logged last (``partitions(start, end)``, after
-    ``partitions(end, end)`` through ``setLatestSeenOffset``) before asking again.
-    """
-
-    def __init__(self):
-        self.offset: dict | None = None
-
 
 if ADMISSION_CONTROL:
     class StreamReaderBase(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -137,16 +121,24 @@ if ADMISSION_CONTROL:
 else:
     class StreamReaderBase(DataSourceStreamReader):
         """The stream reader's Spark side where Spark passes neither start nor limit: the start is
-        kept here (:class:`_PlannedStart`), the limit is the reader's own default read limit."""
+        kept here, the limit is the reader's own default read limit.
+
+        The next batch's start is where the last answer ended: Spark calls ``latestOffset()`` only
+        after the previous batch is in the commit log, and an answer equal to its start plans no
+        batch. A restarted query first plans the batch it logged last (``partitions(start,
+        end)``, after ``partitions(end, end)`` through ``setLatestSeenOffset``), a new query
+        starts at the initial offset.
+        """
+
+        _next_start: dict | None = None
 
         def latestOffset(self) -> dict:
-            planned = self.__dict__.setdefault("_planned_start", _PlannedStart())
-            start = planned.offset if planned.offset is not None else self.initialOffset()
-            planned.offset = self.plan_latest(start, self.getDefaultReadLimit())
-            return planned.offset
+            start = self._next_start if self._next_start is not None else self.initialOffset()
+            self._next_start = self.plan_latest(start, self.getDefaultReadLimit())
+            return self._next_start
 
         def partitions(self, start: dict, end: dict):
-            self.__dict__.setdefault("_planned_start", _PlannedStart()).offset = end
+            self._next_start = end
             if start == end:
                 return []     # setLatestSeenOffset on a restart: a batch that reads nothing
             return self.plan_partitions(start, end)
