@@ -384,17 +384,27 @@ def pytest_runtest_makereport(item, call):
 
 # ----------------------------------------------------------------------------- loopback only
 _LOOPBACK_WATCH = None
+_LOOPBACK_CHECKED_AT = 0.0
+#: seconds between two checks at most: the kernel's socket tables cost ~15 ms to read with a few
+#: thousand sockets, and thousands of short tests run back to back (what they leave open is seen
+#: by the next check; servers and sessions live longer than this)
+LOOPBACK_CHECK_EVERY = 1.0
 
 
 @pytest.fixture(autouse=True)
 def loopback_only():
-    """After every test: no process this test run started (servers, Spark JVMs and workers,
-    helpers) listens on, or is connected to, an address other than loopback (tests/loopback.py)."""
+    """After every test (at most once a second): no process this test run started (servers,
+    Spark JVMs and workers, helpers) listens on, or is connected to, an address other than
+    loopback (tests/loopback.py)."""
     yield
-    global _LOOPBACK_WATCH
+    import time
+    global _LOOPBACK_WATCH, _LOOPBACK_CHECKED_AT
+    if time.monotonic() - _LOOPBACK_CHECKED_AT < LOOPBACK_CHECK_EVERY:
+        return
     if _LOOPBACK_WATCH is None:
         _LOOPBACK_WATCH = loopback.Watch()
     offenders = _LOOPBACK_WATCH.offenders()
+    _LOOPBACK_CHECKED_AT = time.monotonic()
     if offenders:
         pytest.fail("open beyond loopback (tests must listen and talk on 127.0.0.1 only):\n  "
                     + "\n  ".join(offenders), pytrace=False)

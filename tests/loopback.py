@@ -13,6 +13,7 @@ that advertised it). Sockets in TIME_WAIT belong to no process any more (inode 0
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import sys
@@ -63,31 +64,50 @@ def decode_address(field: str) -> tuple[ipaddress._BaseAddress, int]:
     """``/proc/net/tcp*``'s ``ADDR:PORT``: the address as 32-bit words in the kernel's (host) byte
     order, 8 hex digits for IPv4, 32 for IPv6; the port in hex, big-endian."""
     hex_addr, hex_port = field.split(":")
+    return _address(hex_addr), int(hex_port, 16)
+
+
+@functools.lru_cache(maxsize=256)
+def _address(hex_addr: str) -> ipaddress._BaseAddress:
     raw = bytes.fromhex(hex_addr)
     if len(raw) not in (4, 16):
-        raise ValueError(f"not a /proc/net/tcp address: {field!r}")
+        raise ValueError(f"not a /proc/net/tcp address: {hex_addr!r}")
     words = b"".join(int.from_bytes(raw[i:i + 4], sys.byteorder).to_bytes(4, "big")
                      for i in range(0, len(raw), 4))
-    return ipaddress.ip_address(words), int(hex_port, 16)
+    return ipaddress.ip_address(words)
 
 
-def parse_table(text: str) -> list[Socket]:
-    """The sockets of one ``/proc/net/tcp`` or ``/proc/net/tcp6`` text (header line first)."""
+@functools.lru_cache(maxsize=256)
+def _harmless(hex_addr: str, listening: bool) -> bool:
+    """Whether a socket whose local (listening) or remote (else) address is ``hex_addr`` is
+    certainly no offence (memoized: a machine's sockets use a handful of addresses)."""
+    addr = _address(hex_addr)
+    return is_loopback(addr) or (not listening and addr in UNCONNECTED)
+
+
+def parse_table(text: str, *, suspects_only: bool = False) -> list[Socket]:
+    """The sockets of one ``/proc/net/tcp`` or ``/proc/net/tcp6`` text (header line first);
+    ``suspects_only``: only those that may offend (the rest are skipped before decoding)."""
     sockets = []
     for line in text.splitlines()[1:]:
         cols = line.split()
         if len(cols) < 10:
             continue
+        if suspects_only:
+            listening = cols[3] == LISTEN
+            end = cols[1] if listening else cols[2]
+            if cols[9] == "0" or _harmless(end.split(":")[0], listening):
+                continue
         sockets.append(Socket(decode_address(cols[1]), decode_address(cols[2]), cols[3], int(cols[9])))
     return sockets
 
 
-def machine_sockets() -> list[Socket]:
-    """Every TCP socket of this network namespace."""
+def machine_sockets(*, suspects_only: bool = False) -> list[Socket]:
+    """Every TCP socket of this network namespace (``suspects_only``: see :func:`parse_table`)."""
     out = []
     for name in TABLES:
         try:
-            out += parse_table((PROC / "net" / name).read_text())
+            out += parse_table((PROC / "net" / name).read_text(), suspects_only=suspects_only)
         except FileNotFoundError:         # no IPv6 in this kernel
             continue
     return out
@@ -155,7 +175,7 @@ class Watch:
 
     def offenders(self) -> list[str]:
         """One line per offending socket of the tree: process, what it does."""
-        suspects = {s.inode: s for s in machine_sockets()
+        suspects = {s.inode: s for s in machine_sockets(suspects_only=True)
                     if s.inode and s.inode not in self.foreign and s.offence()}
         if not suspects:
             return []

@@ -53,6 +53,9 @@ def test_socket_table_lines(local, remote, state, offends):
     (sock,) = loopback.parse_table(HEADER + _line(local, remote, state, 4242))
     assert sock.inode == 4242
     assert sock.offence() == offends
+    # the fast path keeps exactly the lines that may offend
+    suspects = loopback.parse_table(HEADER + _line(local, remote, state, 4242), suspects_only=True)
+    assert [s.offence() for s in suspects] == ([offends] if offends else [])
 
 
 def test_address_decoding_round_trips_this_machines_byte_order():
@@ -139,7 +142,7 @@ def test_the_guard_names_a_child_that_listens_beyond_loopback(monkeypatch):
         port = int(child.stdout.readline())
         real = loopback.machine_sockets
 
-        def as_wildcard():
+        def as_wildcard(**kw):
             return [loopback.Socket((ipaddress.ip_address("0.0.0.0"), s.local[1]), s.remote, s.state, s.inode)
                     if s.listening and s.local[1] == port else s for s in real()]
         monkeypatch.setattr(loopback, "machine_sockets", as_wildcard)
