@@ -1,6 +1,7 @@
 """Virtual environments with another PySpark minor, for running parts of the suite against it.
 
-One venv per PySpark version under the jar cache (``<cache>/pyspark-venvs/<version>``): PySpark
+One venv per PySpark version and suite venv under the jar cache
+(``<cache>/pyspark-venvs/<version>-<hash of the suite's site-packages>``): PySpark
 (and its py4j) installed from PyPI into it, everything else (pyarrow, pandas, pytest, chispa, ...)
 taken from the suite's own venv through a ``.pth`` file placed after its own site-packages, so
 its PySpark wins and nothing else is downloaded twice. rmq_source comes from the checkout (the C
@@ -12,6 +13,7 @@ The venv is made once and reused while the suite's venv and the requested versio
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -30,9 +32,11 @@ NEWEST_PATCHES = {"4.0": "4.0.5", "4.1": "4.1.4", "4.2": "4.2.1", "4.3": "4.3.0"
 
 def venv_for(version: str, cache: Path) -> Path:
     """The Python of a venv with ``pyspark==version`` (made on first use, under a file lock)."""
-    root = cache / "pyspark-venvs" / version
+    suite = sysconfig.get_paths()["purelib"]
+    # one venv per suite venv too: two suites side by side must not remake each other's
+    root = cache / "pyspark-venvs" / f"{version}-{hashlib.sha256(suite.encode()).hexdigest()[:10]}"
     python = root / "bin" / "python"
-    stamp = f"pyspark {version} over {sysconfig.get_paths()['purelib']}\n"
+    stamp = f"pyspark {version} over {suite}\n"
     marker = root / ".complete"
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f".{version}.lock", "w") as lock:

@@ -156,6 +156,26 @@ def test_available_now_reads_what_was_there_and_stops(spark, tmp_path):
     assert _rows(spark, sink) == sorted((w.queue_id, w.queue_offset) for w in written)
 
 
+def test_available_now_group_runs_resume_each_other(spark, tmp_path):
+    """Ordered group, Trigger.AvailableNow run twice on one checkpoint with messages appended in
+    between: the second run reads exactly the new ones (before 4.2 too: the first run's process
+    leaves the group when Spark ends it, so its queue locks do not hold the second run back)."""
+    from rmq_source.store.writer import StoreWriter
+
+    store = tmp_path / "store"
+    written = build_store(store, topics=(("T", 2, 40),))
+    sink, chk = tmp_path / "sink", tmp_path / "chk"
+    opts = dict(consumerGroup=f"g-{uuid.uuid4().hex[:6]}", consumeFromWhere="CONSUME_FROM_FIRST_OFFSET")
+    for appended in (0, 30):
+        if appended:
+            with StoreWriter(store) as w:
+                written += append_messages(w, "T", appended, start_ts=1_700_003_000_000, seed=4)
+        query = _start(spark, store, sink, chk, {"availableNow": True}, **opts)
+        assert query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        assert _rows(spark, sink) == sorted((w.queue_id, w.queue_offset) for w in written)
+
+
 def test_available_now_with_a_rate_limit(spark, tmp_path):
     """4.2+: every message, in batches of at most the limit. Before 4.2 Spark runs one batch: the
     limit's worth, the rest left for the next run (docs/options.md, "Spark versions")."""

@@ -134,7 +134,19 @@ else:
 
         def latestOffset(self) -> dict:
             start = self._next_start if self._next_start is not None else self.initialOffset()
-            self._next_start = self.plan_latest(start, self.getDefaultReadLimit())
+            first = not getattr(self, "_planned_once", False)
+            if first:
+                # This process's first plan is made as a Trigger.AvailableNow plan (the run may be
+                # one: Spark does not say): up to what is there now, waiting for queues of its
+                # group still locked by a member that is gone (an earlier run's process ends
+                # without leaving the group), as 4.2+ does; its later plans are plain ones.
+                self.prepareForTriggerAvailableNow()
+            try:
+                self._next_start = self.plan_latest(start, self.getDefaultReadLimit())
+            finally:
+                if first:
+                    self._target = None
+                    self._planned_once = True
             return self._next_start
 
         def partitions(self, start: dict, end: dict):
