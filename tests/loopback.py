@@ -14,9 +14,14 @@ that advertised it). Sockets in TIME_WAIT belong to no process any more (inode 0
 from __future__ import annotations
 
 import functools
+import hashlib
 import ipaddress
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,10 +206,6 @@ def bind_shim(cache: Path) -> Path:
     """The shared object of ``loopback_bind.c`` (built with gcc once per source text, under
     ``cache``): preloaded (``LD_PRELOAD``) into a server that binds every interface with no
     setting to change it, it binds that server to loopback instead."""
-    import hashlib
-    import subprocess
-    import tempfile
-
     source = SHIM_SOURCE.read_bytes()
     target = cache / f"loopback_bind-{hashlib.sha256(source).hexdigest()[:12]}.so"
     if target.is_file():
@@ -229,10 +230,6 @@ def run_watched(cmd: list[str], *, timeout: float, poll: float = 0.5, **popen_kw
     """Run ``cmd`` to its end (stdout and stderr merged, as text), checking its process tree for
     off-loopback sockets every ``poll`` seconds while it runs: ``(returncode, output, offenders)``.
     A run past ``timeout`` seconds is killed and raises ``subprocess.TimeoutExpired``."""
-    import subprocess
-    import tempfile
-    import time
-
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 text=True, start_new_session=True, **popen_kw)
@@ -245,7 +242,6 @@ def run_watched(cmd: list[str], *, timeout: float, poll: float = 0.5, **popen_kw
                 time.sleep(poll)
         finally:
             if proc.poll() is None:
-                import signal
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         out.seek(0)

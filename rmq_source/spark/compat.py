@@ -131,10 +131,11 @@ else:
         """
 
         _next_start: dict | None = None
+        _planned_once = False
 
         def latestOffset(self) -> dict:
             start = self._next_start if self._next_start is not None else self.initialOffset()
-            first = not getattr(self, "_planned_once", False)
+            first = not self._planned_once
             if first:
                 # This process's first plan is made as a Trigger.AvailableNow plan (the run may be
                 # one: Spark does not say): up to what is there now, waiting for queues of its
