@@ -121,6 +121,14 @@ def _wait_rows(query, want: int, timeout: float = 180.0) -> list:
     raise AssertionError(f"{want} rows not read in {timeout} s: {query.recentProgress[-3:]}")
 
 
+def _within(seconds: float, done, what: str) -> None:
+    """Wait for ``done()`` (well inside the 60 s lease a dead process's locks would keep)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.2)
+
+
 def test_rate_limited_group_stream_resumes_exactly_after_a_restart(spark, tmp_path):
     """Processing-time trigger, maxMessagesPerTrigger and a consumer group (ordered): every batch
     capped, a stop and a restart from the checkpoint, more messages meanwhile: each message once."""
@@ -132,6 +140,10 @@ def test_rate_limited_group_stream_resumes_exactly_after_a_restart(spark, tmp_pa
     query = _start(spark, store, sink, chk, {"processingTime": "100 milliseconds"}, **opts)
     progress = _wait_rows(query, 50)
     query.stop()
+    # the stopped query left its group (planner_exit): its queue locks are free at once
+    from rmq_source.group.locks import QueueLockManager
+    locks = QueueLockManager(str(store / "rmq_source_offsets"), opts["consumerGroup"], lease_ms=60_000)
+    _within(20, lambda: locks.entries() == {}, "the stopped query's queue locks released")
     from rmq_source.store.writer import StoreWriter
     with StoreWriter(store) as w:
         written += append_messages(w, "T", 30, start_ts=1_700_002_000_000, seed=3)
@@ -253,4 +265,20 @@ def test_a_live_ordered_group_stream_commits_its_progress_to_the_broker(spark, r
         query.stop()
     assert committed == {q: per_queue for q in range(queues)}, committed
     assert all(p["numInputRows"] <= 25 for p in progress)
+    # Spark ended the planner process (SIGTERM) and it released its queues on the way out: another
+    # client locks them well before the minute the broker keeps a dead client's locks
+    mqs = [(topic, "broker-a", q) for q in range(queues)]
+    with RemotingClient(timeout=15) as client:
+        _within(20, lambda: rq.lock_batch(client, broker.addr, group, "compat-other", mqs) == set(mqs),
+                "the stopped query's queues free on the broker")
     assert _rows(spark, sink) == sorted((q, o) for q in range(queues) for o in range(per_queue))
+
+
+def test_sigterm_is_left_alone_outside_spark_planner_processes():
+    """planner_exit changes SIGTERM only in Spark's stream planner process (not in this one)."""
+    import signal
+    from rmq_source.spark import planner_exit
+    before = signal.getsignal(signal.SIGTERM)
+    assert not planner_exit.is_planner_process()
+    assert planner_exit.leave_cleanly_on_sigterm(lambda: False) is False
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -33,6 +33,7 @@ from rmq_source.errors import (RmqAllocationError, RmqAuthError, RmqBrokerUnavai
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.spark.offsets import from_json_dict, to_json_dict
 from rmq_source.backend import TaskLock
+from rmq_source.spark.planner_exit import leave_cleanly_on_sigterm
 from rmq_source.spark.partition_reader import build_partitions, read_partition
 from rmq_source.spark.planner import QueueRange, plan_tasks, share_limit, unallocated
 from rmq_source.spark.sizing import task_sizing
@@ -73,6 +74,7 @@ class RmqStreamReader(StreamReaderBase):
         self._fresh = False  # set by initialOffset: the next batch is the new query's first
         self._initial: dict | None = None
         self._session: GroupSession | None = None
+        self._stopping = False                # stop() has begun
         self._wait_reason: str | None = None   # last reason a group AvailableNow run waited for
         self._lost_reported: dict[MessageQueue, int] = {}  # per queue: lost offsets reported up to
         self._waits_for_master: set[MessageQueue] = set()   # queues only a slave answers for
@@ -87,6 +89,8 @@ class RmqStreamReader(StreamReaderBase):
         if self._session is None and self.group_store is not None:
             self._session = self.backend.group_session(self.opts, self.strategy, self.group_store)
             self._session.start()
+            # Spark ends this process with SIGTERM when the query stops: leave the group first
+            leave_cleanly_on_sigterm(lambda: self._stopping)
         return self._session
 
     # -- offsets -----------------------------------------------------------------------------
@@ -561,5 +565,6 @@ class RmqStreamReader(StreamReaderBase):
 
     def stop(self) -> None:
         """Clean stop: release this query's queue locks and leave the group."""
+        self._stopping = True     # (first: a SIGTERM from now on waits for the stop, planner_exit)
         if self._session is not None:
             self._session.stop()
