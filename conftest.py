@@ -331,7 +331,23 @@ def _admission_control() -> bool:
     return compat.ADMISSION_CONTROL
 
 
-def pytest_collection_modifyitems(items):
+#: set to run the tests marked ``lines`` on every RocketMQ line anyway (a thorough run)
+EVERY_LINE_ENV = "RMQ_EVERY_LINE"
+
+
+def _on_other_line(item) -> bool:
+    """A test marked ``lines(...)`` whose RocketMQ line (its ``rocketmq-X.Y`` id) is not listed."""
+    marker = item.get_closest_marker("lines")
+    line = re.search(r"\brocketmq-(\d+\.\d+)", item.nodeid)
+    return (marker is not None and line is not None and line.group(1) not in marker.args
+            and not os.environ.get(EVERY_LINE_ENV))
+
+
+def pytest_collection_modifyitems(config, items):
+    other_line = [item for item in items if _on_other_line(item)]
+    if other_line:
+        config.hook.pytest_deselected(items=other_line)
+        items[:] = [item for item in items if not _on_other_line(item)]
     if not _admission_control():
         for item in items:
             if item.get_closest_marker("spark42") is not None:

@@ -167,6 +167,7 @@ def test_refusals_are_auth_errors_after_one_request(acl, creds, group, topic, wh
     assert took < 10, took
 
 
+@pytest.mark.lines("5.3")
 def test_secrets_show_nowhere_in_options_partitions_plans_and_offsets(acl, spark, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="rmq_source")
     opts = acl.options(consumerGroup=GROUP)

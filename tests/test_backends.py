@@ -191,6 +191,7 @@ def test_stream_available_now_with_limits(spark, topic, tmp_path, kind):
     assert sorted((r.queueId, r.queueOffset) for r in rows) == _expect_offsets(topic, lambda r: True)
 
 
+@pytest.mark.lines("4.9")
 def test_stream_byte_limit_same_in_both_backends(spark, topic, tmp_path):
     """maxBytesPerTrigger admits by the messages' stored sizes, which the live mode learns by
     pulling: both modes must plan the same batches, each within the limit."""

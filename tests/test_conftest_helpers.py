@@ -135,3 +135,26 @@ def test_free_ports_are_not_ports_outgoing_connections_take():
     for _ in range(20):
         port = rocketmq_cluster.free_port((-2, 0, 1))
         assert not any(low <= port + d <= high for d in (-2, 0, 1)), (port, low, high)
+
+
+class _Item:
+    def __init__(self, nodeid: str, lines):
+        self.nodeid, self._lines = nodeid, lines
+
+    def get_closest_marker(self, name):
+        assert name == "lines"
+        return None if self._lines is None else pytest.mark.lines(*self._lines).mark
+
+
+@pytest.mark.parametrize("nodeid, lines, every_line, other", [
+    ("t.py::test_x[rocketmq-4.9]", ("5.3",), "", True),
+    ("t.py::test_x[rocketmq-5.3]", ("5.3",), "", False),
+    ("t.py::test_x[rocketmq-4.9-route]", ("4.9", "5.3"), "", False),
+    ("t.py::test_x[rocketmq-4.9]", ("5.3",), "1", False),       # RMQ_EVERY_LINE=1 runs it anyway
+    ("t.py::test_x[rocketmq-4.9]", None, "", False),            # not marked
+    ("t.py::test_store_only", ("5.3",), "", False),             # no line in its id
+])
+def test_a_test_marked_lines_runs_on_those_lines_only(monkeypatch, nodeid, lines, every_line, other):
+    from conftest import EVERY_LINE_ENV, _on_other_line
+    monkeypatch.setenv(EVERY_LINE_ENV, every_line)
+    assert _on_other_line(_Item(nodeid, lines)) is other

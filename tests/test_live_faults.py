@@ -152,6 +152,7 @@ def _stream(spark, cluster, topic, tmp_path, **options):
     return q, sink
 
 
+@pytest.mark.lines("5.3")
 def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_cluster, tmp_path):
     """failOnDataLoss=false: while broker-b is gone (SIGKILL) broker-a's queues go on, broker-b's
     wait; once it is back (same store) they go on from where they stopped. Exactly once into the
@@ -193,6 +194,7 @@ def test_a_lost_second_broker_waits_with_fail_on_data_loss_false(spark, own_clus
         own_cluster.stop_broker("broker-b", graceful=False)   # a throwaway broker
 
 
+@pytest.mark.lines("4.9")
 def test_a_lost_second_broker_fails_the_query_with_fail_on_data_loss_true(spark, own_cluster, tmp_path):
     """failOnDataLoss=true (the default): the query fails once the broker has been away
     brokerOutageTimeoutMs, naming the broker, its queues and the options."""
@@ -326,6 +328,7 @@ class _Producer(threading.Thread):
                 time.sleep(0.01)
 
 
+@pytest.mark.lines("5.3")      # (4.9: test_broker_killed_and_restarted_under_a_streaming_group_query)
 def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_cluster, tmp_path):
     """With default options, a producer sending throughout: broker-b SIGKILLed and down for 20 s
     (longer than the requests' retries, about 15 s, so broker-b is "away" to the planning),

@@ -371,6 +371,7 @@ def check_copies(spark, cluster, topic, bodies, keys_of, *, one_queue: bool = Tr
     return got
 
 
+@pytest.mark.lines("5.3")
 def test_stream_query_killed_mid_batch_resends_the_same_keys(cluster, spark, tmp_path):
     """SIGKILL a streaming query (driver, JVM, workers) while a batch is being sent, restart it
     from its checkpoint: the re-run batch sends its rows with the same UNIQ_KEYs (query id and
@@ -423,7 +424,9 @@ def set_order_conf(cluster, topic, conf):
         assert rq.topic_route(client, cluster.namesrv_addr, topic).order_topic_conf == conf
 
 
-@pytest.mark.parametrize("rows", ["route", "orderTopicConf", "free"])
+@pytest.mark.parametrize("rows", [pytest.param("route", marks=pytest.mark.lines("4.9")),
+                                  pytest.param("orderTopicConf", marks=pytest.mark.lines("5.3")),
+                                  pytest.param("free", marks=pytest.mark.lines("4.9"))])
 def test_stream_rides_out_a_killed_broker(cluster, spark, tmp_path, rows):
     """A streaming query copies a topic into the cluster while broker-b is SIGKILLed and
     restarted: every message arrives and copies of one message share its UNIQ_KEY. The NameServer
