@@ -184,6 +184,7 @@ def test_history_check_refuses_what_it_must(history):
             check_group_history(events, sent, may_repeat)
 
 
+@pytest.mark.lines("5.3")      # (4.9's Java client: tests/test_live_group.py)
 def test_two_queries_and_a_java_orderly_consumer_share_a_group(spark, group_cluster, tmp_path):
     from test_broker_stores import java_command
     cluster = group_cluster

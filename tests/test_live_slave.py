@@ -175,6 +175,7 @@ def failover_pair(ha_cluster):
     return ha_cluster
 
 
+@pytest.mark.lines("5.3")      # (both lines: the slave reads of the pulls tests above)
 def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair, spark, tmp_path):
     """broker-f's master SIGKILLed under a stream without a group, an unordered and an ordered
     group stream: the first two go on from the slave (statistics, pulls, the group's heartbeats

@@ -104,6 +104,7 @@ def write(spark, cluster, df, topic, **options):
     w.save()
 
 
+@pytest.mark.lines("4.9")
 def test_round_trip(cluster, spark, tmp_path):
     topic = "SinkRT"
     make_topic(cluster, topic)
@@ -163,6 +164,7 @@ C_SCHEMA = T.StructType([
     T.StructField("properties", T.MapType(T.StringType(), T.StringType()))])
 
 
+@pytest.mark.lines("5.3")
 def test_round_trip_of_rows_the_c_core_encodes(cluster, spark, tmp_path):
     """body/tags/keys/properties only: the task encodes batches in C (rmq_source/sink/encoder.py).
     The Java consumer reads the rows with their tags, keys and properties, each with the UNIQ_KEY
