@@ -62,7 +62,7 @@ def _send(cluster, topic: str, per_queue: int, tag: str, broker: str = "broker-a
                     except RmqBrokerError as exc:
                         # a broker just restarted may shed load ("broker busy", SYSTEM_BUSY):
                         # send again, as RocketMQ's producers do; it stored nothing
-                        if exc.code != 2 or time.monotonic() > deadline:
+                        if exc.code != rq.SYSTEM_BUSY or time.monotonic() > deadline:
                             raise
                         time.sleep(0.2)
                 bodies.add(body)

@@ -19,6 +19,7 @@ import uuid
 
 import pytest
 
+from fault_helpers import procs
 from rmq_source.errors import RmqSparkVersionError
 from rmq_source.spark import compat
 from store_builder import append_messages, build_store
@@ -121,14 +122,6 @@ def _wait_rows(query, want: int, timeout: float = 180.0) -> list:
     raise AssertionError(f"{want} rows not read in {timeout} s: {query.recentProgress[-3:]}")
 
 
-def _within(seconds: float, done, what: str) -> None:
-    """Wait for ``done()`` (well inside the 60 s lease a dead process's locks would keep)."""
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.2)
-
-
 def test_rate_limited_group_stream_resumes_exactly_after_a_restart(spark, tmp_path):
     """Processing-time trigger, maxMessagesPerTrigger and a consumer group (ordered): every batch
     capped, a stop and a restart from the checkpoint, more messages meanwhile: each message once."""
@@ -143,7 +136,9 @@ def test_rate_limited_group_stream_resumes_exactly_after_a_restart(spark, tmp_pa
     # the stopped query left its group (planner_exit): its queue locks are free at once
     from rmq_source.group.locks import QueueLockManager
     locks = QueueLockManager(str(store / "rmq_source_offsets"), opts["consumerGroup"], lease_ms=60_000)
-    _within(20, lambda: locks.entries() == {}, "the stopped query's queue locks released")
+    # (20 s: well inside the 60 s lease a dead process's locks would keep)
+    procs.wait_for(lambda: locks.entries() == {}, 20, "the stopped query's queue locks released",
+                   interval=0.2)
     from rmq_source.store.writer import StoreWriter
     with StoreWriter(store) as w:
         written += append_messages(w, "T", 30, start_ts=1_700_002_000_000, seed=3)
@@ -269,8 +264,8 @@ def test_a_live_ordered_group_stream_commits_its_progress_to_the_broker(spark, r
     # client locks them well before the minute the broker keeps a dead client's locks
     mqs = [(topic, "broker-a", q) for q in range(queues)]
     with RemotingClient(timeout=15) as client:
-        _within(20, lambda: rq.lock_batch(client, broker.addr, group, "compat-other", mqs) == set(mqs),
-                "the stopped query's queues free on the broker")
+        procs.wait_for(lambda: rq.lock_batch(client, broker.addr, group, "compat-other", mqs) == set(mqs),
+                       20, "the stopped query's queues free on the broker", interval=0.2)
     assert _rows(spark, sink) == sorted((q, o) for q in range(queues) for o in range(per_queue))
 
 

@@ -139,8 +139,8 @@ else:
             if first:
                 # This process's first plan is made as a Trigger.AvailableNow plan (the run may be
                 # one: Spark does not say): up to what is there now, waiting for queues of its
-                # group still locked by a member that is gone (an earlier run's process ends
-                # without leaving the group), as 4.2+ does; its later plans are plain ones.
+                # group still locked by a member that is gone (an earlier run's process killed:
+                # a stopped one leaves, planner_exit), as 4.2+ does; its later plans are plain.
                 self.prepareForTriggerAvailableNow()
             try:
                 self._next_start = self.plan_latest(start, self.getDefaultReadLimit())

@@ -44,14 +44,14 @@ def leave_cleanly_on_sigterm(stop_underway: Callable[[], bool]) -> bool:
     SIGTERM as the module docstring says; ``stop_underway()`` tells whether the reader's stop is
     running now. True if the handler is in place (installed now or before)."""
     global _stop_underway
-    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-        _stop_underway = stop_underway
-        return True
-    if (not is_planner_process() or threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+    installed = signal.getsignal(signal.SIGTERM) is _on_sigterm
+    free = (is_planner_process() and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    if not (installed or free):
         return False
     _stop_underway = stop_underway
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    if not installed:
+        signal.signal(signal.SIGTERM, _on_sigterm)
     return True
 
 
