@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("rmq-fault-cluster")
                  .config("spark.driver.extraJavaOptions", spark_archive.java_options())
+                 .config("spark.executor.extraJavaOptions", spark_archive.LEAN_JVM)
                  .config("spark.ui.enabled", "false")
                  .config("spark.executor.memory", "768m")
                  .config("spark.driver.memory", "1g")

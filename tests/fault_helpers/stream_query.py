@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.driver.memory", "1g")
-             # a short-lived driver: the C1 compiler alone starts faster (the crash tests start many)
-             .config("spark.driver.extraJavaOptions",
-                     "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC " + spark_archive.java_options())
+             .config("spark.driver.extraJavaOptions", spark_archive.java_options())
              .getOrCreate())
     phase_timings.record("Spark session start (helper process)", time.monotonic() - started)
     spark.sparkContext.setLogLevel("ERROR")
