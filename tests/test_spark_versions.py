@@ -2,8 +2,9 @@
 (tests/spark_versions.py): the suite itself runs on the newest.
 
 - 4.0 (the oldest: no admission control, no AvailableNow for Python sources, no pushdown, no
-  Arrow stream writer): batch and streaming reads, admission, AvailableNow, consumer groups and
-  ordered queries (store and live), the sink, a live line;
+  Arrow stream writer): streaming reads, admission, AvailableNow, consumer groups and ordered
+  queries (store and live), the sink, a live line; of the batch tests a full read and the option
+  errors (the other batch options are planned by our code alike on every version);
 - 4.1 and 4.2: the smoke set (a batch read, AvailableNow group streams with a rate limit, a live
   read, a sink write, the version checks).
 
@@ -27,9 +28,10 @@ from test_spark_compat import EXPECT_ENV  # noqa: E402
 # (the tests tests/test_spark_compat.py tests without a broker, on every version)
 _COMPAT = "tests/test_spark_compat.py"
 _BATCH = "tests/test_spark_batch.py::test_full_read_has_the_schema_and_every_message"
+_BATCH_ERRORS = "tests/test_spark_batch.py::test_bad_options_fail_with_a_clear_error"
 
 RUNS = [
-    pytest.param("4.0", "4.9", [_COMPAT, "tests/test_spark_batch.py", "tests/test_spark_stream.py"], "",
+    pytest.param("4.0", "4.9", [_COMPAT, _BATCH, _BATCH_ERRORS, "tests/test_spark_stream.py"], "",
                  id="pyspark-4.0-rocketmq-4.9"),
     pytest.param("4.1", "5.3", [_COMPAT, _BATCH], " and not live_ordered_group", id="pyspark-4.1-rocketmq-5.3"),
     pytest.param("4.2", "4.9", [_COMPAT, _BATCH], " and not live_ordered_group", id="pyspark-4.2-rocketmq-4.9"),
