@@ -338,6 +338,7 @@ class JavaServer:
                     self._wait_boot(timeout)
                     self.booted = True
                     self.check_loopback()
+                    relax_timers(self.proc.pid)
                     return
                 except ServerError:
                     if (attempt == relaunches or self.port_span is None or self.booted or self.alive()
@@ -558,6 +559,31 @@ class Broker(JavaServer):
         conf = self.workdir / "broker.properties"
         conf.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         return ["-c", str(conf), "-n", self.namesrv]
+
+
+#: timer slack of a booted server's threads (ns): see :func:`relax_timers`
+SERVER_TIMER_SLACK_NS = 10_000_000
+
+
+def relax_timers(pid: int) -> None:
+    """Let the kernel defer the timed waits of ``pid``'s threads by up to 10 ms (Linux timer
+    slack, ``/proc/<tid>/timerslack_ns``; the default is 50 us). An idle broker spends 8 % of a
+    core, half of it in ``ReputMessageService``, which sleeps 1 ms between two looks at the
+    CommitLog (hard-coded in 4.9 and 5.3); with the slack the thread wakes about every 10 ms and
+    the broker idles at 4 %, and a suite keeps three or four brokers running on 2 cores. What the
+    servers do is unchanged; new messages reach the consume queues up to 10 ms later. Threads
+    started after the boot keep the default; without the permission to write the files
+    (CAP_SYS_NICE) nothing changes."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            with open(f"/proc/{tid}/timerslack_ns", "w") as f:
+                f.write(str(SERVER_TIMER_SLACK_NS))
+        except OSError:
+            pass
 
 
 def plain_acl_yaml(accounts: list[dict]) -> str:

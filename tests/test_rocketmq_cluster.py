@@ -104,6 +104,11 @@ def test_a_port_taken_before_the_jvm_binds_it_is_replaced(rocketmq_jars, tmp_pat
         server.start()
         assert server.alive() and server.port != taken.getsockname()[1]
         assert "Address already in use" in server.stdout_path.read_text(errors="replace")
+        # a booted server's threads have the relaxed timers (rc.relax_timers; root on CI)
+        if os.geteuid() == 0:
+            slack = {Path(f"/proc/{tid}/timerslack_ns").read_text().strip()
+                     for tid in os.listdir(f"/proc/{server.proc.pid}/task")}
+            assert str(rc.SERVER_TIMER_SLACK_NS) in slack, slack
     finally:
         server.stop(graceful=False)
         taken.close()
