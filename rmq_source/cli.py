@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("store", metavar="STORE", nargs="?")
     _add_live_args(top)
     top.add_argument("--json", action="store_true", help="one JSON object per queue and line")
+    top.add_argument("--topic", default=None,
+                     help="this topic only (default: every topic; through a RocketMQ 5 Proxy, which "
+                     "lists no topics, a topic must be named)")
     top.add_argument("--broker-name", default=None, help="STORE's broker name (default broker-a)")
 
     pr = sub.add_parser("print", help="print the messages of a topic in queue order")
@@ -256,7 +259,7 @@ def _topics(args) -> int:
     from rmq_source.store.backend import StoreBackend
 
     backend = _live_backend(args) or StoreBackend({args.broker_name: os.path.abspath(args.store)})
-    mqs = backend.queues_for_topics(sorted(backend.topics()))
+    mqs = backend.queues_for_topics([args.topic] if args.topic is not None else sorted(backend.topics()))
     infos = backend.infos(mqs)
     live = args.namesrv is not None      # a cluster has several brokers: name them
     if args.json:

@@ -40,6 +40,7 @@ MARKER = ".complete"
 NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
 MQADMIN_MAIN = "org.apache.rocketmq.tools.command.MQAdminStartup"
+PROXY_MAIN = "org.apache.rocketmq.proxy.ProxyStartup"
 UPDATE_BROKER_CONFIG = 25          # RequestCode.UPDATE_BROKER_CONFIG
 
 ADD_OPENS = [
@@ -98,6 +99,14 @@ def resolve_jars(version: str, *, timeout: float = 1500.0) -> Path:
     """The folder of every runtime jar of ``version`` (downloaded once into the cache)."""
     return maven_jars(f"rocketmq-{version}", [("org.apache.rocketmq", a, version) for a in ARTIFACTS],
                       "rocketmq-broker-*.jar", timeout=timeout, what=f"RocketMQ {version}")
+
+
+def resolve_proxy_jars(version: str, *, timeout: float = 1500.0) -> Path:
+    """The folder of the runtime jars of RocketMQ ``version``'s Proxy (``rocketmq-proxy`` and its
+    dependencies, gRPC included), downloaded once into the cache beside the servers' jars (the
+    broker's jars are among them: the Proxy runs in a JVM of its own with this folder alone)."""
+    return maven_jars(f"rocketmq-proxy-{version}", [("org.apache.rocketmq", "rocketmq-proxy", version)],
+                      "rocketmq-proxy-*.jar", timeout=timeout, what=f"RocketMQ Proxy {version}")
 
 
 def maven_jars(name: str, coords, expect_glob: str, *, timeout: float = 1500.0, what: str = "") -> Path:
@@ -584,6 +593,71 @@ def relax_timers(pid: int) -> None:
                 f.write(str(SERVER_TIMER_SLACK_NS))
         except OSError:
             pass
+
+
+class Proxy(JavaServer):
+    """A RocketMQ 5 Proxy in cluster mode in front of the brokers of ``cluster`` (registered at the
+    NameServer ``namesrv`` before it starts: at boot it creates its heartbeat-sync topic on them
+    and fails without one). Its remoting port (:attr:`addr`) is what a remoting client names as
+    its NameServer: the Proxy answers routes with itself as every broker (``remotingAccessAddr``
+    127.0.0.1 here, not the machine's first non-loopback address) and forwards the requests to
+    the broker each names (docs/remoting.md, "Through a RocketMQ 5 Proxy").
+
+    ``jars``: the folder of :func:`resolve_proxy_jars`. Both its ports (remoting P, gRPC P+1) are
+    bound by the Proxy on the wildcard address, which the loopback shim turns into 127.0.0.1;
+    metrics stay off (their exporter would listen too). ``extra``: more ``rmq-proxy.json`` keys.
+    A restart (:meth:`start` after :meth:`kill`) keeps both ports."""
+
+    main_class = PROXY_MAIN
+    boot_line = "rocketmq-proxy startup successfully"
+    name = "Proxy"
+
+    def __init__(self, version: str, jars: Path, workdir: Path, *, namesrv: str,
+                 cluster: str = "DefaultCluster", extra: dict | None = None, **kw):
+        super().__init__(version, jars, workdir, heap_mb=kw.pop("heap_mb", 256), **kw)
+        self.namesrv = namesrv
+        self.cluster = cluster
+        self.extra = dict(extra or {})
+        self.port_span = (0, 1)            # remoting port, gRPC port
+        self.port = free_port(self.port_span)
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_port(self) -> int:
+        return self.port + 1
+
+    def config(self) -> dict:
+        """The ``rmq-proxy.json`` of this Proxy: small thread pools (a test JVM on 2 cores)."""
+        return {
+            "rocketMQClusterName": self.cluster, "namesrvAddr": self.namesrv,
+            "proxyMode": "cluster", "proxyName": f"proxy-{self.port}",
+            "localServeAddr": "127.0.0.1", "remotingAccessAddr": "127.0.0.1",
+            "remotingListenPort": self.port, "grpcServerPort": self.grpc_port,
+            "metricsExporterType": "DISABLE", "enablePrintJstack": False,
+            "grpcBossLoopNum": 1, "grpcWorkerLoopNum": 1, "grpcThreadPoolNums": 2,
+            "rocketmqMQClientNum": 2, "heartbeatSyncerThreadPoolNums": 1,
+            "transactionHeartbeatThreadPoolNums": 1, "metadataThreadPoolNums": 1,
+            "renewThreadPoolNums": 1, "renewMaxThreadPoolNums": 1,
+            "remotingHeartbeatThreadPoolNums": 2, "remotingTopicRouteThreadPoolNums": 2,
+            "remotingSendMessageThreadPoolNums": 2, "remotingPullMessageThreadPoolNums": 4,
+            "remotingUpdateOffsetThreadPoolNums": 2, "remotingDefaultThreadPoolNums": 4,
+            **self.extra,
+        }
+
+    def args(self) -> list[str]:
+        import json
+        conf = self.workdir / "rmq-proxy.json"
+        conf.write_text(json.dumps(self.config(), indent=1))
+        return ["-pm", "cluster", "-pc", str(conf)]
+
+    def log_files(self) -> list[Path]:
+        return [self.stdout_path] + sorted((self.home / "logs").rglob("proxy.log"))
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {p} (last {lines} lines)\n{_tail(p, lines)}" for p in self.log_files())
 
 
 def plain_acl_yaml(accounts: list[dict]) -> str:

@@ -6,6 +6,8 @@ question about a queue goes to the master of its broker:
 * queues: the topic's route (GET_ROUTEINFO_BY_TOPIC); a broker's readable queues are
   ``0 .. readQueueNums-1`` when its permission allows reading;
 * min/max offsets: one GET_TOPIC_STATS_INFO per broker and topic (not one round trip per queue);
+  where an address does not serve it (a RocketMQ 5 Proxy), GET_MIN_OFFSET and GET_MAX_OFFSET of
+  every queue, all in flight at once (what RocketMQ's Java client asks);
 * offset by time: SEARCH_OFFSET_BY_TIMESTAMP;
 * messages: PULL_MESSAGE with the subscription; the answer's CommitLog records are decoded by the
   C core (:func:`rmq_source.store.native.decode_records`) into the same columns as the store mode.
@@ -14,6 +16,14 @@ question about a queue goes to the master of its broker:
   answer) unless requests are ACL-signed; any failure there goes on in the Python client, whose
   retries then apply.
 * group offsets: on the brokers (:class:`~rmq_source.remote.offset_store.BrokerOffsetStore`).
+
+Every request about a broker's queues names the broker (``bname``, :mod:`.requests`), so
+``namesrvAddr`` may be a RocketMQ 5 Proxy's remoting port: its routes give itself as every
+broker and it forwards each request to the broker named. What an address does not serve
+(answered code 3 once, :meth:`RemotingClient.serves`) is not asked again: topic statistics are
+asked per queue there, a broker's master is looked up in the route of the topic named after it
+instead of the cluster info, and listing topics (``topicPattern``, ``rmq-store topics``) is
+refused with what to do instead (docs/semantics.md, "Through a RocketMQ 5 Proxy").
 
 While a broker's master is away (not in the NameServers' routes, or it just failed), what a slave
 may answer is asked of its slave (``_call(slave_ok=True)``); a slave's answers decide less than
@@ -148,6 +158,7 @@ class ClusterBackend(Backend):
         self._no_master_at: dict[str, float] = {}      # when the NameServers last listed no master
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
+        self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -183,10 +194,10 @@ class ClusterBackend(Backend):
         if addr is None and recent < NO_MASTER_RECHECK_S:
             raise self._no_master(broker_name)
         if addr is None:
-            info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
-            addr = info.master_addr(broker_name)
+            addr, nodes = self._ask_namesrv(f"master of broker {broker_name!r}",
+                                            lambda a: self._lookup_broker(a, broker_name))
             with self._mutex:
-                self._nodes[broker_name] = info.nodes(broker_name)
+                self._nodes[broker_name] = nodes
                 if addr is not None:
                     self._masters[broker_name] = addr
                 else:
@@ -194,6 +205,27 @@ class ClusterBackend(Backend):
             if addr is None:
                 raise self._no_master(broker_name)
         return addr
+
+    def _lookup_broker(self, namesrv: str, broker_name: str) -> tuple[str | None, dict[int, str]]:
+        """(master address or None, broker id -> address) of ``broker_name`` as ``namesrv`` says
+        now: its cluster info; where that is not served (a Proxy), the route of the topic named
+        after the broker, which every broker registers (how a Proxy finds a broker itself)."""
+        if self.client.serves(namesrv, rq.GET_BROKER_CLUSTER_INFO):
+            try:
+                info = rq.cluster_info(self.client, namesrv)
+                return info.master_addr(broker_name), info.nodes(broker_name)
+            except RmqBrokerError as exc:
+                if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
+                    raise
+                log.info("%s serves no cluster info (%s): brokers are looked up in routes there",
+                         namesrv, exc.reason)
+        try:
+            route = rq.topic_route(self.client, namesrv, broker_name)
+        except RmqBrokerError as exc:
+            if exc.code == rq.TOPIC_NOT_EXIST:
+                return None, {}
+            raise
+        return route.master_addrs().get(broker_name), route.nodes().get(broker_name, {})
 
     def _acting_addr(self, broker_name: str, master_failed: bool) -> str:
         """Where a question a slave may answer goes: the master while the NameServers list it
@@ -264,7 +296,8 @@ class ClusterBackend(Backend):
 
     def topics(self) -> dict[str, list[str]]:
         out = {}
-        for topic in self._topic_names():
+        for topic in self._topic_names("listing every topic", "name the topic (option topic; "
+                                       "rmq-store topics/lag --topic T)"):
             try:
                 brokers = sorted(self._readable(self.route(topic)))
             except RmqUnknownTopicError:      # deleted between the list and the route
@@ -273,8 +306,24 @@ class ClusterBackend(Backend):
                 out[topic] = brokers
         return out
 
-    def _topic_names(self) -> list[str]:
-        return self._ask_namesrv("topic list", lambda a: rq.all_topics(self.client, a))
+    def _topic_names(self, what: str, instead: str) -> list[str]:
+        """Every topic the NameServers know; a server that lists none (a 5.x Proxy's remoting
+        port answers GET_ALL_TOPIC_LIST_FROM_NAMESERVER with code 3, to RocketMQ's Java clients
+        too) is an :class:`RmqOptionError` saying that ``what`` needs the list and to do
+        ``instead``."""
+        def ask(addr):
+            if self.client.serves(addr, rq.GET_ALL_TOPIC_LIST_FROM_NAMESERVER):
+                try:
+                    return rq.all_topics(self.client, addr)
+                except RmqBrokerError as exc:
+                    if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
+                        raise
+            raise RmqOptionError(
+                f"{what} needs the topic list of the NameServers, but namesrvAddr {addr} lists no "
+                "topics: it is not a NameServer (it answered GET_ALL_TOPIC_LIST_FROM_NAMESERVER with "
+                "code 3, request not supported, as a RocketMQ 5 Proxy's remoting port does); "
+                f"{instead}, or set namesrvAddr to the NameServers behind the Proxy")
+        return self._ask_namesrv("topic list", ask)
 
     def queue_ids(self, topic: str, broker_name: str) -> list[int]:
         return list(range(self._readable(self.route(topic)).get(broker_name, 0)))
@@ -295,7 +344,9 @@ class ClusterBackend(Backend):
             return []
 
     def queues_for_pattern(self, pattern: re.Pattern) -> list[MessageQueue]:
-        names = [t for t in self._topic_names() if pattern.fullmatch(t)]
+        names = [t for t in self._topic_names(f"option topicPattern ({pattern.pattern!r})",
+                                              "name the topics with option topic (comma-separated)")
+                 if pattern.fullmatch(t)]
         out = []
         for topic in names:
             try:
@@ -321,11 +372,11 @@ class ClusterBackend(Backend):
         tests = string_tests(compile_selector(subscription.expression).root)
         if not tests:
             return
-        topic_of: dict[str, str] = {}
+        first: dict[str, MessageQueue] = {}
         for mq in mqs:
-            topic_of.setdefault(mq.broker_name, mq.topic)
-        for broker, topic in sorted(topic_of.items()):
-            version = self._call(broker, lambda addr, topic=topic: self._version_of(addr, topic))
+            first.setdefault(mq.broker_name, mq)
+        for broker, mq in sorted(first.items()):
+            version = self._call(broker, lambda addr, mq=mq: self._version_of(addr, mq))
             if 0 < version < _STRING_TESTS_SINCE:
                 raise RmqOptionError(
                     f"option subExpression uses {', '.join(sorted(tests))}, which RocketMQ's "
@@ -334,10 +385,15 @@ class ClusterBackend(Backend):
                     "else and deliver other messages; upgrade the brokers, or write the selector "
                     "without these predicates (e.g. LIKE)")
 
-    def _version_of(self, addr: str, topic: str) -> int:
-        if addr not in self.client.peer_versions:
-            rq.topic_stats(self.client, addr, topic)       # any answer carries the version
-        return self.client.peer_versions[addr]
+    def _version_of(self, addr: str, mq: MessageQueue) -> int:
+        """The version broker ``mq.broker_name`` answers with (asked once per address): a
+        GET_MAX_OFFSET answer is the broker's own even through a Proxy, which answers for several
+        brokers at one address and carries its own version in what it answers itself."""
+        key = (addr, mq.broker_name)
+        if key not in self._versions:
+            self._versions[key] = rq.max_offset_answer(self.client, addr, mq.topic, mq.queue_id,
+                                                       broker_name=mq.broker_name).version
+        return self._versions[key]
 
     def infos(self, mqs: Iterable[MessageQueue]) -> dict[MessageQueue, QueueInfo]:
         found, down = self.infos_reachable(mqs)
@@ -347,7 +403,8 @@ class ClusterBackend(Backend):
 
     def infos_reachable(self, mqs: Iterable[MessageQueue]
                         ) -> tuple[dict[MessageQueue, QueueInfo], dict[str, Exception]]:
-        """One GET_TOPIC_STATS_INFO per broker and topic. A broker that stays unreachable (or
+        """One GET_TOPIC_STATS_INFO per broker and topic (:meth:`_queue_stats`). A broker that
+        stays unreachable (or
         without a master in the NameServers' view) after the retries is in the second dict with
         its error; its queues are not in the first. Neither are the queues of a group's retry
         topic on a broker that has not made it yet."""
@@ -361,8 +418,8 @@ class ClusterBackend(Backend):
             if broker in down:
                 continue
             try:
-                addr, stats = self._call(broker, lambda addr: (addr, rq.topic_stats(
-                    self.client, addr, topic)), slave_ok=True)
+                addr, stats = self._call(broker, lambda addr: (addr, self._queue_stats(
+                    addr, broker, topic, [mq.queue_id for mq in group])), slave_ok=True)
             except _UNREACHABLE as exc:
                 down[broker] = exc
                 continue
@@ -380,6 +437,22 @@ class ClusterBackend(Backend):
                              else QueueInfo(topic, mq.queue_id, 0, 0, slave))
         return {mq: found[mq] for mq in mqs if mq in found}, down
 
+    def _queue_stats(self, addr: str, broker: str, topic: str, queue_ids: list[int]
+                     ) -> dict[int, rq.QueueStats]:
+        """The offsets of ``topic``'s queues on ``broker`` at ``addr``: GET_TOPIC_STATS_INFO (every
+        queue in one answer) where the address serves it, else GET_MIN_OFFSET and GET_MAX_OFFSET
+        per queue, pipelined; an address answering the former with code 3 (a Proxy) is asked
+        the latter from then on (:meth:`RemotingClient.serves`)."""
+        if self.client.serves(addr, rq.GET_TOPIC_STATS_INFO):
+            try:
+                return rq.topic_stats(self.client, addr, topic)
+            except RmqBrokerError as exc:
+                if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
+                    raise
+                log.info("%s serves no topic statistics (%s): queue offsets are asked per queue "
+                         "there", addr, exc.reason)
+        return rq.queue_offsets(self.client, addr, topic, queue_ids, broker_name=broker)
+
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int, *,
                              info: QueueInfo | None = None) -> int:
         """The first message stored at or after ``timestamp_ms`` (the max offset when none): the
@@ -387,7 +460,8 @@ class ClusterBackend(Backend):
         offsets (asked when not given); the answer as it is when the broker stops answering the
         checks (a broker away is not waited for here)."""
         hint = self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
-            self.client, addr, mq.topic, mq.queue_id, timestamp_ms), slave_ok=True)
+            self.client, addr, mq.topic, mq.queue_id, timestamp_ms, broker_name=mq.broker_name),
+            slave_ok=True)
         try:
             info = self.infos([mq])[mq] if info is None else info
             return first_at_or_after(timestamp_ms, info.min_offset, info.max_offset, hint,
@@ -401,7 +475,8 @@ class ClusterBackend(Backend):
         """Message ``offset``'s store time in ms (one pull of it), None when it is gone."""
         def pull(addr):
             return rq.pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id,
-                           offset, max_nums=1, subscription="*", expression_type="TAG")
+                           offset, max_nums=1, subscription="*", expression_type="TAG",
+                           broker_name=mq.broker_name)
 
         res = self._call(mq.broker_name, pull, slave_ok=True)
         if res.code != rq.SUCCESS or not res.body:
@@ -540,7 +615,7 @@ class ClusterBackend(Backend):
             try:
                 call = rq.send_pull(self.pull_client, slave, self.spec.pull_group, mq.topic, mq.queue_id,
                                     offset, max_nums=max_nums, subscription=expression,
-                                    expression_type=kind)
+                                    expression_type=kind, broker_name=mq.broker_name)
             except RmqRemotingError:
                 call = None
             res = self._answer(mq, offset, call, True)
@@ -551,11 +626,12 @@ class ClusterBackend(Backend):
             if self.is_master(mq.broker_name, addr):
                 return rq.pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id,
                                offset, max_nums=max_nums, subscription=expression,
-                               expression_type=kind)
+                               expression_type=kind, broker_name=mq.broker_name)
             # the master is away: a slave's messages are taken (all of them: read() filters by
             # tags, the caller rechecks SQL92), anything else waits for the master
             res = rq.pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id,
-                          offset, max_nums=max_nums, subscription="*", expression_type="TAG")
+                          offset, max_nums=max_nums, subscription="*", expression_type="TAG",
+                          broker_name=mq.broker_name)
             if res.code != rq.SUCCESS:
                 raise RmqMasterAwayError(
                     f"broker {mq.broker_name}: its master is away and its slave {addr} answered "
@@ -574,7 +650,8 @@ class ClusterBackend(Backend):
             addr = slave or self._acting_addr(mq.broker_name, False)
             from_slave = from_slave or not self.is_master(mq.broker_name, addr)
             return rq.send_pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-                                max_nums=max(1, min(count, PULL_BATCH))), from_slave
+                                max_nums=max(1, min(count, PULL_BATCH)),
+                                broker_name=mq.broker_name), from_slave
         except _UNREACHABLE:
             return None, from_slave
 
@@ -607,7 +684,7 @@ class ClusterBackend(Backend):
             template = native_pull.pull_template(rq.pull_fields(
                 self.spec.pull_group, mq.topic, mq.queue_id, 0,
                 subscription=sub.expression if not sub.sub_all else "*",
-                expression_type=sub.expression_type))
+                expression_type=sub.expression_type, broker_name=mq.broker_name))
             if template is not None:
                 return self._native_pulls(mq, start, end, sub, template, max_rows, max_bytes)
         return self._python_pulls(mq, start, end, sub)
@@ -879,14 +956,27 @@ class ClusterBackend(Backend):
                              "the topic")
 
     def group_users(self, group: str) -> tuple[list[str], dict[str, str]]:
+        """The group's consumers listed by every master (one list per address: a Proxy lists the
+        members heartbeating to it, for all its brokers at once)."""
         live: set[str] = set()
-        for broker in sorted(self._masters_all()):
-            live.update(rq.consumer_list(self.client, self._masters_all()[broker], group))
+        for addr in sorted(set(self._masters_all().values())):
+            live.update(rq.consumer_list(self.client, addr, group))
         return sorted(live), {}
 
     def _masters_all(self) -> dict[str, str]:
-        info = self._ask_namesrv("cluster info", lambda a: rq.cluster_info(self.client, a))
-        return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
+        """brokerName -> master address of every broker in the NameServers' cluster info; where
+        that is not served (a Proxy), of the brokers routed so far (the Proxy's address)."""
+        def ask(addr):
+            if self.client.serves(addr, rq.GET_BROKER_CLUSTER_INFO):
+                try:
+                    info = rq.cluster_info(self.client, addr)
+                    return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
+                except RmqBrokerError as exc:
+                    if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
+                        raise
+            with self._mutex:
+                return dict(self._masters)
+        return self._ask_namesrv("cluster info", ask)
 
     def check_task_locks(self, lock: TaskLock, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
         """The queues whose broker grants the driver's client id their lock (a restarted broker

@@ -10,6 +10,7 @@ two-way one is answered "not supported".
 from __future__ import annotations
 
 import itertools
+import re
 import select
 import socket
 import struct
@@ -403,10 +404,22 @@ class _Stop(Exception):
     pass
 
 
+#: the remarks of a 5.x Proxy refusing credentials or permissions: it answers SYSTEM_ERROR with
+#: the message of ACL 2.0's AuthenticationException / AuthorizationException (check signature
+#: failed., User:x is not found., User:x is disabled., x has no permission to access y from z, ...)
+_PROXY_AUTH_REMARK = re.compile(
+    r"check signature failed|^User:\S* (?:is )?(?:not found|disabled)|^username can ?not be (?:null|blank)"
+    r"|^(?:Authentication|Authorization) failed\. Please verify| has no permission to access ")
+
+
 def is_auth_failure(resp: RemotingCommand) -> bool:
-    """The server refused the request's credentials or permissions: 5.x answers NO_PERMISSION,
-    4.9's plain ACL a system error carrying its AclException."""
-    return resp.code == NO_PERMISSION or (resp.code == SYSTEM_ERROR and "AclException" in (resp.remark or ""))
+    """The server refused the request's credentials or permissions: a 5.x broker answers
+    NO_PERMISSION, 4.9's plain ACL a system error carrying its AclException, a 5.x Proxy a system
+    error with the text of its authentication or authorization failure."""
+    if resp.code == NO_PERMISSION:
+        return True
+    remark = resp.remark or ""
+    return resp.code == SYSTEM_ERROR and ("AclException" in remark or bool(_PROXY_AUTH_REMARK.search(remark)))
 
 
 def auth_error(resp: RemotingCommand, what: str, peer: str,
@@ -466,8 +479,12 @@ class RemotingClient:
         self._conns: dict[str, Connection] = {}
         self._lock = threading.Lock()
         #: address -> the ``version`` of its last answer (a broker answers with its own
-        #: MQVersion ordinal: 407 = 4.9.7, 439 = 5.1.3)
+        #: MQVersion ordinal: 407 = 4.9.7, 439 = 5.1.3; through a Proxy an address answers for
+        #: several brokers and itself, so this says little there)
         self.peer_versions: dict[str, int] = {}
+        #: address -> the request codes it answered REQUEST_CODE_NOT_SUPPORTED (3): what a server
+        #: does not serve is learnt once, from its first refusal (:meth:`serves`)
+        self.not_served: dict[str, set[int]] = {}
 
     def connection(self, addr: str) -> Connection:
         with self._lock:
@@ -497,11 +514,21 @@ class RemotingClient:
         credentials RmqAuthError (whatever ``ok``)."""
         resp = call.result()
         self.peer_versions[call.conn.addr] = resp.version
+        if resp.code == REQUEST_CODE_NOT_SUPPORTED:
+            with self._lock:
+                self.not_served.setdefault(call.conn.addr, set()).add(call.cmd.code)
         if is_auth_failure(resp):
             raise auth_error(resp, describe(call.cmd), call.conn.addr, self.credentials)
         if ok is not None and resp.code not in ok:
             check(resp, call.cmd, call.conn.addr, ok)
         return resp
+
+    def serves(self, addr: str, code: int) -> bool:
+        """False once ``addr`` answered a request ``code`` with REQUEST_CODE_NOT_SUPPORTED (a 5.x
+        Proxy's remoting port: GET_TOPIC_STATS_INFO, GET_BROKER_CLUSTER_INFO, topic lists...);
+        True until then (also for an address never asked)."""
+        with self._lock:
+            return code not in self.not_served.get(addr, ())
 
     def invoke_oneway(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"") -> None:
         self.connection(addr).invoke_oneway(code, ext_fields, body, timeout=self.timeout)

@@ -9,6 +9,12 @@ group, and every member allocates the queues with the same strategy over the sam
 A member leaves with UNREGISTER_CLIENT; one that dies leaves when its connections close (or after
 the broker's channel expiry, about two minutes, when its host vanished).
 
+Heartbeats and consumer lists go once per address, not per broker name: through a RocketMQ 5
+Proxy every broker has the Proxy's address, and the Proxy keeps the group's members itself (for
+all its brokers; the brokers behind it never hear of them), so one heartbeat and one list there
+are the whole group as the Proxy knows it. A Proxy answers the list of a group it has no member
+of with an error, taken as the empty list (:func:`~rmq_source.remote.requests.consumer_list`).
+
 It has the interface :class:`rmq_source.group.session.GroupSession` uses of the file-based
 :class:`rmq_source.group.membership.GroupMembership`.
 """
@@ -41,7 +47,7 @@ class BrokerMembership:
         #: of waits; the brokers themselves expire a silent channel after about 120 s)
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.topics: tuple[str, ...] = ()
-        self._joined: set[str] = set()     # names of the brokers heartbeated to
+        self._joined: set[str] = set()     # names of the brokers heartbeated to (through their address)
         self.client = RemotingClient(timeout=backend.spec.timeout_s,
                                      credentials=backend.spec.credentials, tls=backend.spec.tls)
 
@@ -66,14 +72,17 @@ class BrokerMembership:
         (this client included). A broker down is waited for with the backend's retries; one that
         stays down is skipped (its queues are then not readable either) unless none answers."""
         answered, errors, cids = 0, [], set()
+        listed: dict[str, list[str]] = {}      # address -> its consumer list, this round
         for name in self._brokers():
-            def beat(addr):
-                rq.heartbeat(self.client, addr, self.client_id,
-                             consumer_groups={self.group: list(self.topics)},
-                             subscription=self.subscription, expression_type=self.expression_type,
-                             consume_from_where=self.consume_from_where)
+            def beat(addr, name=name):
+                if addr not in listed:
+                    rq.heartbeat(self.client, addr, self.client_id,
+                                 consumer_groups={self.group: list(self.topics)},
+                                 subscription=self.subscription, expression_type=self.expression_type,
+                                 consume_from_where=self.consume_from_where)
+                    listed[addr] = rq.consumer_list(self.client, addr, self.group)
                 self._joined.add(name)
-                return rq.consumer_list(self.client, addr, self.group)
+                return listed[addr]
             try:
                 cids.update(self.backend._call(name, beat, slave_ok=True))
                 answered += 1
@@ -95,10 +104,14 @@ class BrokerMembership:
         times: every listed member counts as heard from now (a dead one is gone from the list)."""
         now = self.now_ms()
         cids = set()
+        listed: dict[str, list[str]] = {}      # address -> its consumer list
         for name in self._brokers():
+            def ask(addr):
+                if addr not in listed:
+                    listed[addr] = rq.consumer_list(self.client, addr, self.group)
+                return listed[addr]
             try:
-                cids.update(self.backend._call(name, lambda addr: rq.consumer_list(
-                    self.client, addr, self.group), slave_ok=True))
+                cids.update(self.backend._call(name, ask, slave_ok=True))
             except RmqRemotingError as exc:
                 log.warning("consumer group %r: consumer list of broker %s: %s", self.group, name, exc)
         return {cid: now for cid in cids}
@@ -109,9 +122,13 @@ class BrokerMembership:
     def leave(self) -> None:
         """Unregister from every broker joined (best effort, no retries), then close the
         member's connections (which a broker takes as leaving too); a later heartbeat reconnects."""
+        left: set[str] = set()
         for name in sorted(self._joined):
             try:
                 addr = self.backend.broker_addr(name)
+                if addr in left:
+                    continue
+                left.add(addr)
                 rq.unregister_consumer(self.client, addr, self.client_id, self.group)
             except RmqRemotingError as exc:
                 log.info("consumer group %r: unregister from broker %s: %s", self.group, name, exc)

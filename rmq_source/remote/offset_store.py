@@ -44,7 +44,8 @@ class BrokerOffsetStore(OffsetTable):
         found = {}
         for mq in mqs:
             value = self.backend._call(mq.broker_name, lambda addr: rq.query_consumer_offset(
-                self.client, addr, self.group, mq.topic, mq.queue_id), slave_ok=True)
+                self.client, addr, self.group, mq.topic, mq.queue_id, broker_name=mq.broker_name),
+                slave_ok=True)
             if value is not None and value >= 0:
                 found[mq] = value
         return found
@@ -54,7 +55,8 @@ class BrokerOffsetStore(OffsetTable):
             """None when the master took it, else what its slave did with it."""
             on_master = self.backend.is_master(broker, addr)
             try:
-                rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset)
+                rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset,
+                                          broker_name=broker)
             except RmqBrokerError as exc:
                 if on_master:
                     raise

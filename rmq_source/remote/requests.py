@@ -3,6 +3,12 @@
 Each takes a :class:`~rmq_source.remote.client.RemotingClient` and the server address. Error answers
 raise :class:`~rmq_source.errors.RmqBrokerError` (code and remark), except where an answer code is a
 normal outcome (pull: not found / offset moved; query offset: not found).
+
+Requests about a broker's queues, offsets or messages take ``broker_name``: it travels as the ext
+field ``bname`` (``n`` in SEND_BATCH_MESSAGE's V2 header), which a RocketMQ 5 Proxy forwards the
+request by (it answers code 15, "Request doesn't have field bname", without it); a broker
+ignores the field. The package's own callers always pass it, to brokers and Proxies alike; tests
+talking to a broker directly may leave it out.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ SEND_BATCH_MESSAGE = 320
 SUCCESS = 0
 SYSTEM_ERROR = 1
 SYSTEM_BUSY = 2
+REQUEST_CODE_NOT_SUPPORTED = 3
 TOPIC_NOT_EXIST = 17
 SUBSCRIPTION_GROUP_NOT_EXIST = 26
 PULL_NOT_FOUND = 19
@@ -67,6 +74,19 @@ def _json(body: bytes, what: str, peer: str):
 
 def _dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+#: the ext field naming the broker a Proxy forwards a request to (RpcRequestHeader's ``bname``);
+#: SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE carry it as their V2 header's ``n``
+BROKER_NAME_FIELD = "bname"
+BROKER_NAME_FIELD_V2 = "n"
+
+
+def _to_broker(fields: dict, broker_name: str | None, key: str = BROKER_NAME_FIELD) -> dict:
+    """``fields`` with the broker's name for a Proxy to forward by (unchanged without one)."""
+    if broker_name is not None:
+        fields[key] = broker_name
+    return fields
 
 
 # ------------------------------------------------------------------ NameServer
@@ -164,6 +184,30 @@ def topic_stats(client: RemotingClient, broker: str, topic: str, *, timeout: flo
     return out
 
 
+def queue_offsets(client: RemotingClient, addr: str, topic: str, queue_ids: Iterable[int], *,
+                  broker_name: str | None = None, timeout: float | None = None) -> dict[int, QueueStats]:
+    """GET_MIN_OFFSET and GET_MAX_OFFSET of every queue of ``queue_ids``, all sent before the first
+    answer is awaited (what RocketMQ's Java client asks per queue; a Proxy serves no
+    GET_TOPIC_STATS_INFO). ``last_update_ms`` is 0: these answers do not carry it."""
+    calls = []
+    for qid in queue_ids:
+        fields = {"topic": topic, "queueId": qid}
+        calls.append((qid, client.send(addr, GET_MIN_OFFSET, _to_broker(dict(fields), broker_name),
+                                       timeout=timeout),
+                      client.send(addr, GET_MAX_OFFSET, _to_broker(dict(fields), broker_name),
+                                  timeout=timeout)))
+    out: dict[int, QueueStats] = {}
+    try:
+        for qid, low, high in calls:
+            out[qid] = QueueStats(int(client.answer(low).ext_fields["offset"]),
+                                  int(client.answer(high).ext_fields["offset"]), 0)
+    finally:
+        for _, low, high in calls:        # (after a failure: answers nobody waits for)
+            low.cancel()
+            high.cancel()
+    return out
+
+
 def create_topic(client: RemotingClient, broker: str, topic: str, *, read_queues: int = 4,
                  write_queues: int | None = None, perm: int = 6, order: bool = False,
                  timeout: float | None = None) -> None:
@@ -212,7 +256,7 @@ def send_message(client: RemotingClient, broker: str, topic: str, body: bytes, *
                  tags: str | None = None, keys: str | Iterable[str] | None = None,
                  properties: Mapping[str, str] | None = None, flag: int = 0, compress: bool = False,
                  producer_group: str = "rmq_source_producer", born_timestamp: int | None = None,
-                 timeout: float | None = None) -> SendResult:
+                 broker_name: str | None = None, timeout: float | None = None) -> SendResult:
     """Send one message to ``queue_id`` (SEND_MESSAGE); ``compress`` zlib-compresses the body as the
     Java client does for large bodies (SYSFLAG bit 0)."""
     born = born_timestamp if born_timestamp is not None else rc.now_ms()
@@ -222,7 +266,8 @@ def send_message(client: RemotingClient, broker: str, topic: str, body: bytes, *
         body = zlib.compress(body, 5)
         sys_flag |= rc.FLAG_COMPRESSED
     call = send_one_call(client, broker, topic, body, props_bytes(props), queue_id=queue_id, born_ms=born,
-                         flag=flag, sys_flag=sys_flag, producer_group=producer_group, timeout=timeout)
+                         flag=flag, sys_flag=sys_flag, producer_group=producer_group,
+                         broker_name=broker_name, timeout=timeout)
     ext = client.answer(call).ext_fields
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), [uniq])
 
@@ -257,30 +302,31 @@ BATCH_HEADER_PROPS = _props_string({"WAIT": "true"})
 
 def send_batch_call(client: RemotingClient, broker: str, topic: str, encoded: bytes, *, queue_id: int,
                     born_ms: int, producer_group: str = "rmq_source_producer",
-                    timeout: float | None = None) -> Call:
+                    broker_name: str | None = None, timeout: float | None = None) -> Call:
     """SEND_BATCH_MESSAGE of an :func:`encode_batch_encoded` body, without waiting: the answer
     (:func:`send_answer`) comes through ``client.answer``."""
-    return client.send(broker, SEND_BATCH_MESSAGE, {
+    return client.send(broker, SEND_BATCH_MESSAGE, _to_broker({
         "a": producer_group, "b": topic, "c": DEFAULT_TOPIC, "d": 4, "e": queue_id, "f": 0, "g": born_ms,
         "h": 0, "i": BATCH_HEADER_PROPS, "j": 0, "k": "false", "m": "true",
-    }, encoded, timeout=timeout)
+    }, broker_name, BROKER_NAME_FIELD_V2), encoded, timeout=timeout)
 
 
 def send_one_call(client: RemotingClient, broker: str, topic: str, body: bytes, props: bytes, *,
                   queue_id: int, born_ms: int, flag: int = 0, sys_flag: int = 0,
-                  producer_group: str = "rmq_source_producer", timeout: float | None = None) -> Call:
+                  producer_group: str = "rmq_source_producer", broker_name: str | None = None,
+                  timeout: float | None = None) -> Call:
     """SEND_MESSAGE of one message with encoded properties, without waiting."""
-    return client.send(broker, SEND_MESSAGE, {
+    return client.send(broker, SEND_MESSAGE, _to_broker({
         "producerGroup": producer_group, "topic": topic, "defaultTopic": DEFAULT_TOPIC,
         "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": sys_flag, "bornTimestamp": born_ms,
         "flag": flag, "properties": props.decode(), "reconsumeTimes": 0, "unitMode": "false",
         "batch": "false",
-    }, body, timeout=timeout)
+    }, broker_name), body, timeout=timeout)
 
 
 def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterable[dict], *,
                queue_id: int = 0, producer_group: str = "rmq_source_producer",
-               timeout: float | None = None) -> SendResult:
+               broker_name: str | None = None, timeout: float | None = None) -> SendResult:
     """Send several messages in one request (SEND_BATCH_MESSAGE). Each message is a dict with
     ``body`` and optional ``tags``, ``keys``, ``properties``, ``flag``."""
     born = rc.now_ms()
@@ -291,7 +337,8 @@ def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterab
         encoded.append((m["body"], props_bytes(props), int(m.get("flag", 0))))
         uniqs.append(uniq)
     call = send_batch_call(client, broker, topic, encode_batch_encoded(encoded), queue_id=queue_id,
-                           born_ms=born, producer_group=producer_group, timeout=timeout)
+                           born_ms=born, producer_group=producer_group, broker_name=broker_name,
+                           timeout=timeout)
     ext = client.answer(call).ext_fields
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), uniqs)
 
@@ -332,36 +379,40 @@ PULL_ANSWERS = (SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, PULL_OFFSET_MOV
 
 def pull(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, offset: int, *,
          max_nums: int = 32, subscription: str = "*", expression_type: str = "TAG",
-         suspend_ms: int = 0, timeout: float | None = None) -> PullResult:
+         suspend_ms: int = 0, broker_name: str | None = None, timeout: float | None = None) -> PullResult:
     """One PULL_MESSAGE with the subscription in the request (no heartbeat needed)."""
     return pull_result(client, send_pull(client, broker, group, topic, queue_id, offset,
                                          max_nums=max_nums, subscription=subscription,
                                          expression_type=expression_type, suspend_ms=suspend_ms,
-                                         timeout=timeout), offset)
+                                         broker_name=broker_name, timeout=timeout), offset)
 
 
 def send_pull(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, offset: int, *,
               max_nums: int = 32, subscription: str = "*", expression_type: str = "TAG",
-              suspend_ms: int = 0, timeout: float | None = None) -> Call:
+              suspend_ms: int = 0, broker_name: str | None = None, timeout: float | None = None) -> Call:
     """:func:`pull` without waiting: several pulls can be in flight on one connection;
     :func:`pull_result` waits for one."""
     if timeout is None:
         timeout = client.timeout + suspend_ms / 1000.0
     return client.send(broker, PULL_MESSAGE, pull_fields(
         group, topic, queue_id, offset, max_nums=max_nums, subscription=subscription,
-        expression_type=expression_type, suspend_ms=suspend_ms), timeout=timeout)
+        expression_type=expression_type, suspend_ms=suspend_ms, broker_name=broker_name),
+        timeout=timeout)
 
 
 def pull_fields(group: str, topic: str, queue_id: int, offset: int, *, max_nums: int = 32,
-                subscription: str = "*", expression_type: str = "TAG", suspend_ms: int = 0) -> dict:
-    """The header fields of a PULL_MESSAGE carrying its subscription (no heartbeat needed)."""
+                subscription: str = "*", expression_type: str = "TAG", suspend_ms: int = 0,
+                broker_name: str | None = None) -> dict:
+    """The header fields of a PULL_MESSAGE carrying its subscription (no heartbeat needed; a
+    Proxy forwards it as it is, the subscription included); the C core's pulls are made from
+    them too (:func:`rmq_source.remote.native_pull.pull_template`)."""
     sys_flag = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_ms else 0)
-    return {
+    return _to_broker({
         "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
         "maxMsgNums": max_nums, "sysFlag": sys_flag, "commitOffset": 0,
         "suspendTimeoutMillis": suspend_ms, "subscription": subscription, "subVersion": 0,
         "expressionType": expression_type,
-    }
+    }, broker_name)
 
 
 def pull_result(client: RemotingClient, call: Call, offset: int) -> PullResult:
@@ -378,50 +429,61 @@ def pull_answer(resp: RemotingCommand, offset: int) -> PullResult:
 
 
 # ------------------------------------------------------------------ offsets
-def max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *, timeout=None) -> int:
-    r = client.invoke(broker, GET_MAX_OFFSET, {"topic": topic, "queueId": queue_id}, timeout=timeout)
-    return int(r.ext_fields["offset"])
+def max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *,
+               broker_name: str | None = None, timeout=None) -> int:
+    return int(max_offset_answer(client, broker, topic, queue_id, broker_name=broker_name,
+                                 timeout=timeout).ext_fields["offset"])
+
+
+def max_offset_answer(client: RemotingClient, broker: str, topic: str, queue_id: int, *,
+                      broker_name: str | None = None, timeout=None) -> RemotingCommand:
+    """GET_MAX_OFFSET's answer itself: through a Proxy it is the broker's own (its ``version``
+    is the broker's), unlike the answers the Proxy makes (routes, heartbeats)."""
+    return client.invoke(broker, GET_MAX_OFFSET, _to_broker({"topic": topic, "queueId": queue_id},
+                                                            broker_name), timeout=timeout)
 
 
 def wait_max_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, at_least: int, *,
-                    timeout: float = 15.0) -> int:
+                    timeout: float = 15.0, broker_name: str | None = None) -> int:
     """Poll GET_MAX_OFFSET until it reaches ``at_least``: a send is answered before the broker's
     ConsumeQueue dispatch catches up, so the max offset (and pulls) can lag a send's answer."""
     import time
     deadline = time.monotonic() + timeout
     while True:
-        value = max_offset(client, broker, topic, queue_id)
+        value = max_offset(client, broker, topic, queue_id, broker_name=broker_name)
         if value >= at_least or time.monotonic() >= deadline:
             return value
         time.sleep(0.05)
 
 
-def min_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *, timeout=None) -> int:
-    r = client.invoke(broker, GET_MIN_OFFSET, {"topic": topic, "queueId": queue_id}, timeout=timeout)
+def min_offset(client: RemotingClient, broker: str, topic: str, queue_id: int, *,
+               broker_name: str | None = None, timeout=None) -> int:
+    r = client.invoke(broker, GET_MIN_OFFSET, _to_broker({"topic": topic, "queueId": queue_id}, broker_name),
+                      timeout=timeout)
     return int(r.ext_fields["offset"])
 
 
 def offset_by_timestamp(client: RemotingClient, broker: str, topic: str, queue_id: int, timestamp_ms: int,
-                        *, timeout=None) -> int:
-    r = client.invoke(broker, SEARCH_OFFSET_BY_TIMESTAMP,
-                      {"topic": topic, "queueId": queue_id, "timestamp": timestamp_ms}, timeout=timeout)
+                        *, broker_name: str | None = None, timeout=None) -> int:
+    r = client.invoke(broker, SEARCH_OFFSET_BY_TIMESTAMP, _to_broker(
+        {"topic": topic, "queueId": queue_id, "timestamp": timestamp_ms}, broker_name), timeout=timeout)
     return int(r.ext_fields["offset"])
 
 
 def query_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, *,
-                          timeout=None) -> int | None:
+                          broker_name: str | None = None, timeout=None) -> int | None:
     """The group's committed offset, or None when the broker has none."""
-    r = client.invoke(broker, QUERY_CONSUMER_OFFSET,
-                      {"consumerGroup": group, "topic": topic, "queueId": queue_id,
-                       "setZeroIfNotFound": "false"}, timeout=timeout, ok=(SUCCESS, QUERY_NOT_FOUND))
+    r = client.invoke(broker, QUERY_CONSUMER_OFFSET, _to_broker(
+        {"consumerGroup": group, "topic": topic, "queueId": queue_id, "setZeroIfNotFound": "false"},
+        broker_name), timeout=timeout, ok=(SUCCESS, QUERY_NOT_FOUND))
     return int(r.ext_fields["offset"]) if r.code == SUCCESS else None
 
 
 def update_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int,
-                           offset: int, *, timeout=None) -> None:
-    client.invoke(broker, UPDATE_CONSUMER_OFFSET, {"consumerGroup": group, "topic": topic,
-                                                   "queueId": queue_id, "commitOffset": offset},
-                  timeout=timeout)
+                           offset: int, *, broker_name: str | None = None, timeout=None) -> None:
+    client.invoke(broker, UPDATE_CONSUMER_OFFSET, _to_broker(
+        {"consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset},
+        broker_name), timeout=timeout)
 
 
 # ------------------------------------------------------------------ consumers
@@ -470,14 +532,25 @@ def unregister_consumer(client: RemotingClient, broker: str, client_id_: str, gr
 
 
 def consumer_list(client: RemotingClient, broker: str, group: str, *, timeout=None) -> list[str]:
-    """Client ids of the group's live consumers on ``broker`` (empty when it has none: the broker
-    answers that with an error code and the remark "no consumer for this group")."""
+    """Client ids of the group's live consumers on ``broker`` or a Proxy (empty when it has none:
+    a broker answers that with an error code and the remark "no consumer for this group", a
+    5.3 Proxy with the same code and the text of the NullPointerException its lookup of the
+    missing group throws, :func:`_no_member_at_proxy`)."""
     r = client.invoke(broker, GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group}, timeout=timeout,
                       ok=None)
-    if r.code == SYSTEM_ERROR and (r.remark or "").startswith("no consumer for this group"):
+    if r.code == SYSTEM_ERROR and ((r.remark or "").startswith("no consumer for this group")
+                                   or _no_member_at_proxy(r.remark)):
         return []
     check(r, f"GET_CONSUMER_LIST_BY_GROUP(consumerGroup={group})", broker, (SUCCESS,))
     return list(_json(r.body, f"GET_CONSUMER_LIST_BY_GROUP({group})", broker).get("consumerIdList") or [])
+
+
+def _no_member_at_proxy(remark: str | None) -> bool:
+    """The remark of a Proxy's GET_CONSUMER_LIST_BY_GROUP for a group it has no member of: the
+    NullPointerException's message, which names ``consumerGroupInfo`` on Java 15+ (helpful NPE
+    messages) and is empty (``null``) before."""
+    text = (remark or "").strip()
+    return text in ("", "null") or "consumerGroupInfo" in text
 
 
 def _mq_set(queues: Iterable[tuple[str, str, int]]) -> list[dict]:

@@ -316,14 +316,16 @@ class TaskProducer:
                 m = batch.messages[0]
                 call = rq.send_one_call(self.client, addr, lane.topic, m.body, m.props,
                                         queue_id=lane.queue.queue_id, born_ms=born,
-                                        producer_group=self.opts.producer_group, timeout=timeout)
+                                        producer_group=self.opts.producer_group,
+                                        broker_name=lane.queue.broker, timeout=timeout)
             else:
                 if batch.encoded is None:   # kept for retries; the messages are not needed again
                     batch.encoded = rq.encode_batch_encoded((m.body, m.props, 0) for m in batch.messages)
                     batch.messages = None
                 call = rq.send_batch_call(self.client, addr, lane.topic, batch.encoded,
                                           queue_id=lane.queue.queue_id, born_ms=born,
-                                          producer_group=self.opts.producer_group, timeout=timeout)
+                                          producer_group=self.opts.producer_group,
+                                          broker_name=lane.queue.broker, timeout=timeout)
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError, _NoMaster) as exc:
             self._failed(lane, batch, str(exc), None)
             return

@@ -1,0 +1,260 @@
+"""Reading and writing through a real RocketMQ 5.3 Proxy (issue 41), its remoting port named as
+``namesrvAddr``: the Proxy answers routes with itself as every broker and forwards each request to
+the broker it names (``bname``); what it does not serve (topic statistics, cluster info, topic
+lists) is learnt from its first refusal (docs/remoting.md, "Through a RocketMQ 5 Proxy").
+
+One Proxy (module fixture) in front of the suite's shared 5.3 cluster; a topic and group per test.
+What the tests compare against is asked of the broker directly.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import types
+import uuid
+
+import pytest
+
+import rocketmq_cluster
+from conftest import broker_unavailable, raises_rmq
+from fault_helpers.sinks import sink_bodies
+from rmq_source.errors import RmqOptionError
+from rmq_source.remote import RemotingClient
+from rmq_source.remote import requests as rq
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark,
+              # the shared 5.3 cluster of the session (a Proxy is a RocketMQ 5 server)
+              pytest.mark.parametrize("rocketmq", ["5.3"], indirect=True, ids=["rocketmq-5.3"])]
+
+QUEUES, FIRST, SECOND = 4, 6, 4      # messages per queue sent in the first and the second round
+
+
+@pytest.fixture(scope="module")
+def proxy(rocketmq, tmp_path_factory):
+    """A Proxy in cluster mode in front of the shared cluster (its brokers registered already)."""
+    try:
+        jars = rocketmq_cluster.resolve_proxy_jars(rocketmq.version)
+    except rocketmq_cluster.BrokerUnavailable as exc:
+        broker_unavailable(str(exc))
+    server = rocketmq_cluster.Proxy(rocketmq.version, jars, tmp_path_factory.mktemp("proxy"),
+                                    namesrv=rocketmq.namesrv_addr, cluster=rocketmq.cluster_name)
+    try:
+        server.start()          # (its boot is timed as "RocketMQ Proxy boot")
+    except rocketmq_cluster.ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop(graceful=False)
+
+
+def _topic(rocketmq) -> str:
+    name = f"Proxy_{uuid.uuid4().hex[:8]}"
+    with RemotingClient(timeout=15) as client:
+        rocketmq.create_topic(client, name, QUEUES)
+    return name
+
+
+def _send(rocketmq, topic: str, rnd: int, count: int, before: int = 0) -> set[bytes]:
+    """``count`` messages a queue (holding ``before`` already), straight to the broker: tag a/b
+    by parity, properties n (their index) and word (x every third), bodies
+    ``r<rnd>-<queue>-<n>``."""
+    addr = rocketmq.brokers["broker-a"].addr
+    bodies = set()
+    with RemotingClient(timeout=15) as client:
+        for q in range(QUEUES):
+            batch = [{"body": f"r{rnd}-{q}-{i}".encode(), "tags": "ab"[i % 2],
+                      "properties": {"n": str(i), "word": "x" if i % 3 == 0 else "y"}}
+                     for i in range(count)]
+            rq.send_batch(client, addr, topic, batch, queue_id=q)
+            bodies |= {m["body"] for m in batch}
+        for q in range(QUEUES):
+            assert rq.wait_max_offset(client, addr, topic, q, before + count) == before + count
+    return bodies
+
+
+@pytest.fixture(scope="module")
+def filled(rocketmq):
+    """A topic with two rounds of messages; (topic, the first store time the second round may
+    have: every first-round message was stored before it)."""
+    topic = _topic(rocketmq)
+    _send(rocketmq, topic, 0, FIRST)
+    boundary = int(time.time() * 1000) + 1
+    while int(time.time() * 1000) < boundary:      # (a millisecond)
+        pass
+    _send(rocketmq, topic, 1, SECOND, FIRST)
+    return topic, boundary
+
+
+def _read(spark, namesrv: str, topic: str, **options):
+    return (spark.read.format("rmq").option("namesrvAddr", namesrv).option("topic", topic)
+            .options(**options).load())
+
+
+def _bodies(df) -> list[bytes]:
+    return sorted(bytes(r.body) for r in df.select("body").collect())
+
+
+def _expected(rnd_counts, keep) -> list[bytes]:
+    return sorted(f"r{rnd}-{q}-{i}".encode() for rnd, count in rnd_counts for q in range(QUEUES)
+                  for i in range(count) if keep(rnd, i))
+
+
+def test_a_batch_read_through_the_proxy_equals_a_direct_read(spark, rocketmq, proxy, filled):
+    """Every column of every message as read through the NameServer; the Java client's pulls
+    through the Proxy see the same messages at the same offsets."""
+    from test_broker_stores import java_dump
+    topic, _ = filled
+    columns = ["topic", "brokerName", "queueId", "queueOffset", "body", "tags", "keys", "properties",
+               "storeTimestamp", "bornTimestamp", "msgId"]
+    through = _read(spark, proxy.addr, topic).select(*columns).orderBy("queueId", "queueOffset").collect()
+    direct = _read(spark, rocketmq.namesrv_addr, topic).select(*columns).orderBy("queueId", "queueOffset").collect()
+    assert through == direct
+    assert len(through) == QUEUES * (FIRST + SECOND)
+    java_view = types.SimpleNamespace(namesrv_addr=proxy.addr, jars=rocketmq.jars)
+    dumped, ends = java_dump(java_view, proxy.workdir, topic, "broker-a", QUEUES)
+    assert {q: [(m[0], m[4]) for m in dumped[q]] for q in range(QUEUES)} == {
+        q: [(r.queueOffset, bytes(r.body)) for r in through if r.queueId == q] for q in range(QUEUES)}
+    assert all(end[0] == FIRST + SECOND for end in ends.values()), ends
+
+
+@pytest.mark.parametrize("options, keep", [
+    ({"subExpression": "a"}, lambda rnd, i: i % 2 == 0),
+    # (CONTAINS: the broker's version is checked, from a broker's answer through the Proxy)
+    ({"expressionType": "SQL92", "subExpression": "word CONTAINS 'x' AND n >= 3"},
+     lambda rnd, i: i % 3 == 0 and i >= 3),
+    ("timestamp", lambda rnd, i: rnd == 1),
+], ids=["tag", "sql92", "startingTimestamp"])
+def test_filters_and_starts_through_the_proxy(spark, rocketmq, proxy, filled, options, keep):
+    topic, boundary = filled
+    if options == "timestamp":
+        options = {"startingTimestamp": str(boundary)}
+    assert _bodies(_read(spark, proxy.addr, topic, **options)) == _expected(
+        [(0, FIRST), (1, SECOND)], keep)
+
+
+def test_topic_listing_through_the_proxy_is_refused_clearly(spark, proxy, filled):
+    topic, _ = filled
+    with raises_rmq(RmqOptionError, match=rf"option topicPattern .*namesrvAddr {proxy.addr} lists no "
+                    r"topics.*Proxy.*option topic"):
+        spark.read.format("rmq").option("namesrvAddr", proxy.addr).option("topicPattern", "Proxy_.*").load().count()
+    listed = _cli("topics", "--namesrv", proxy.addr)
+    assert listed.returncode == 2 and proxy.addr in listed.stderr and "--topic" in listed.stderr, listed.stderr
+    rows = [json.loads(line) for line in _cli_ok("topics", "--namesrv", proxy.addr, "--topic", topic, "--json")]
+    assert rows == [{"topic": topic, "brokerName": "broker-a", "queueId": q, "minOffset": 0,
+                     "maxOffset": FIRST + SECOND} for q in range(QUEUES)]
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rmq_source", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def _cli_ok(*args) -> list[str]:
+    out = _cli(*args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return [line for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def _offsets(rocketmq, topic: str, group: str) -> dict[int, int | None]:
+    """The group's offsets as the broker itself answers them (not through the Proxy)."""
+    addr = rocketmq.brokers["broker-a"].addr
+    with RemotingClient(timeout=15) as client:
+        return {q: rq.query_consumer_offset(client, addr, group, topic, q) for q in range(QUEUES)}
+
+
+def test_lag_and_reset_offset_through_the_proxy(rocketmq, proxy, filled):
+    """The group's offsets written through the Proxy are the broker's; a member heartbeating to
+    the Proxy makes the group in use (the Proxy keeps the members; without one it answers the
+    consumer list with an error, which is no member)."""
+    topic, boundary = filled
+    group = f"ProxyCli_{uuid.uuid4().hex[:6]}"
+    common = ("--namesrv", proxy.addr, "--group", group, "--topic", topic)
+    lag = [json.loads(line) for line in _cli_ok("lag", *common, "--json")]
+    assert [(r["queueId"], r["consumerOffset"], r["diff"]) for r in lag] == [
+        (q, -1, FIRST + SECOND) for q in range(QUEUES)]
+    with RemotingClient(timeout=15) as member:
+        rq.heartbeat(member, proxy.addr, "proxy-cli-member", consumer_groups={group: [topic]})
+        # (heartbeats stay in the Proxy: the broker hears of the group at its first pull)
+        assert rq.pull(member, proxy.addr, group, topic, 0, 0, broker_name="broker-a").found
+        refused = _cli("reset-offset", *common, "--to", "latest")
+        assert refused.returncode == 4 and "proxy-cli-member" in refused.stderr, refused.stderr
+        rq.unregister_consumer(member, proxy.addr, "proxy-cli-member", group)
+    _cli_ok("reset-offset", *common, "--timestamp", boundary, "--json")
+    assert _offsets(rocketmq, topic, group) == {q: FIRST for q in range(QUEUES)}
+    lag = [json.loads(line) for line in _cli_ok("lag", *common, "--json")]
+    assert [(r["consumerOffset"], r["diff"]) for r in lag] == [(FIRST, SECOND)] * QUEUES
+    assert all(r["lastTimestamp"] is not None and r["lastTimestamp"] < boundary for r in lag), lag
+
+
+def test_a_sink_write_through_the_proxy_reads_back(spark, rocketmq, proxy):
+    topic = _topic(rocketmq)
+    rows = [(f"w-{i}".encode(), "t" if i % 2 else "u", f"k{i}") for i in range(40)]
+    (spark.createDataFrame(rows, "body binary, tags string, keys string")
+     .write.format("rmq").mode("append").option("namesrvAddr", proxy.addr).option("topic", topic).save())
+    addr = rocketmq.brokers["broker-a"].addr
+    with RemotingClient(timeout=15) as client:      # stored on the broker
+        ends = {q: rq.max_offset(client, addr, topic, q) for q in range(QUEUES)}
+    assert sum(ends.values()) == len(rows), ends
+    back = _read(spark, proxy.addr, topic).select("body", "tags", "keys").collect()
+    assert sorted((bytes(r.body), r.tags, " ".join(r.keys)) for r in back) == sorted(rows)
+
+
+def _stream(spark, namesrv, topic, group, tmp_path, **options):
+    return (spark.readStream.format("rmq")
+            .options(namesrvAddr=namesrv, topic=topic, consumerGroup=group, startingOffsets="earliest",
+                     groupStatePath=str(tmp_path / "state"), lockRenewIntervalMs="1000", **options)
+            .load().select("body").writeStream.format("parquet").option("path", str(tmp_path / "sink"))
+            .option("checkpointLocation", str(tmp_path / "chk")))
+
+
+def _wait_for(what: str, done, query=None, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert query is None or query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.spark42     # (an AvailableNow run: its last batch committed to the group)
+def test_an_ordered_group_run_through_the_proxy_commits_on_the_broker(spark, rocketmq, proxy, filled,
+                                                                     tmp_path):
+    """The query is the group's member at the Proxy, holds the broker's queue locks through it
+    (orderly, the default) and commits to the broker, where its offsets are the queues' ends."""
+    topic, _ = filled
+    group = f"ProxyGroup_{uuid.uuid4().hex[:6]}"
+    q = _stream(spark, proxy.addr, topic, group, tmp_path).trigger(availableNow=True).start()
+    assert q.awaitTermination(180), "the AvailableNow run did not finish"
+    assert q.exception() is None, q.exception()
+    got = sink_bodies(tmp_path / "sink")
+    assert sorted(got) == _expected([(0, FIRST), (1, SECOND)], lambda rnd, i: True)
+    assert _offsets(rocketmq, topic, group) == {q: FIRST + SECOND for q in range(QUEUES)}
+
+
+def test_the_proxy_killed_and_restarted_under_a_group_stream(spark, rocketmq, proxy, tmp_path):
+    """SIGKILL of the Proxy mid-stream, restarted on its port: every message reaches the sink
+    once, and the group's offsets on the broker end at the queues' ends."""
+    topic = _topic(rocketmq)
+    group = f"ProxyKill_{uuid.uuid4().hex[:6]}"
+    sent = _send(rocketmq, topic, 0, 8)
+    sink = tmp_path / "sink"
+    q = _stream(spark, proxy.addr, topic, group, tmp_path, maxMessagesPerTrigger="8",
+                requestTimeoutMs="3000", requestRetries="8").trigger(processingTime="300 milliseconds").start()
+    try:
+        _wait_for("no batch reached the sink", lambda: len(sink_bodies(sink)) >= 8, q)
+        more: dict = {}
+        sender = threading.Thread(target=lambda: more.update(sent=_send(rocketmq, topic, 1, 6, 8)))
+        proxy.kill()                                     # SIGKILL, mid-stream
+        sender.start()                                   # (straight to the broker, meanwhile)
+        proxy.start()                                    # its port again
+        sender.join(60)
+        sent |= more["sent"]
+        _wait_for("the sink never had every message", lambda: set(sink_bodies(sink)) == sent, q, 180)
+        rows = sink_bodies(sink)
+        assert len(rows) == len(set(rows)), "a message reached the sink twice"
+        # the last batch is committed to the group at the next planning
+        _wait_for("the group's offsets never reached the ends",
+                  lambda: _offsets(rocketmq, topic, group) == {i: 14 for i in range(QUEUES)}, q, 60)
+    finally:
+        q.stop()
