@@ -134,6 +134,38 @@ def test_filters_and_starts_through_the_proxy(spark, rocketmq, proxy, filled, op
         [(0, FIRST), (1, SECOND)], keep)
 
 
+def test_what_the_proxy_does_not_serve_is_asked_once(rocketmq, proxy, filled):
+    """Queue offsets: one GET_TOPIC_STATS_INFO refused, then GET_MIN/MAX_OFFSET per queue, all in
+    flight together; a broker's master from a route, never the cluster info again; the group's
+    users from the Proxy's own list (one address: one request)."""
+    from conftest import distinct_timeout
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.remote.backend import ClusterBackendSpec
+    topic, _ = filled
+    backend = ClusterBackendSpec((proxy.addr,), timeout_s=distinct_timeout(10.0)).open()
+    sent: list[int] = []
+    send = backend.client.send
+    backend.client.send = lambda addr, code, *a, **kw: sent.append(code) or send(addr, code, *a, **kw)
+    mqs = backend.queues_for_topics([topic])
+    assert mqs == [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]
+    for _ in range(2):
+        infos = backend.infos(mqs)
+        assert {mq.queue_id: (i.min_offset, i.max_offset) for mq, i in infos.items()} == {
+            q: (0, FIRST + SECOND) for q in range(QUEUES)}
+    assert sent.count(rq.GET_TOPIC_STATS_INFO) == 1
+    assert sent.count(rq.GET_MIN_OFFSET) == sent.count(rq.GET_MAX_OFFSET) == 2 * QUEUES
+    assert backend.client.not_served == {proxy.addr: {rq.GET_TOPIC_STATS_INFO}}
+    sent.clear()
+    for _ in range(2):
+        backend._forget("broker-a")                   # (as after a failed call)
+        assert backend.broker_addr("broker-a") == proxy.addr
+    assert sent == [rq.GET_BROKER_CLUSTER_INFO, rq.GET_ROUTEINFO_BY_TOPIC, rq.GET_ROUTEINFO_BY_TOPIC]
+    assert backend.client.not_served == {proxy.addr: {rq.GET_TOPIC_STATS_INFO, rq.GET_BROKER_CLUSTER_INFO}}
+    sent.clear()
+    assert backend.group_users("ProxyNobody") == ([], {})      # (the Proxy's NPE answer)
+    assert sent == [rq.GET_CONSUMER_LIST_BY_GROUP]
+
+
 def test_topic_listing_through_the_proxy_is_refused_clearly(spark, proxy, filled):
     topic, _ = filled
     with raises_rmq(RmqOptionError, match=rf"option topicPattern .*namesrvAddr {proxy.addr} lists no "

@@ -4,6 +4,7 @@ at all. The real brokers judge the same code in test_live_slave.py, test_broker_
 every live test (the C core is the default way pulls go)."""
 from __future__ import annotations
 
+import json
 import random
 import select
 import socket
@@ -390,6 +391,25 @@ def test_json_the_java_servers_write_is_read():
     got = parse_header(struct.pack(">i", len(header)) + header + b"BODY")
     assert (got["code"], got["opaque"], got["flag"], got["next_begin_offset"], got["min_offset"],
             got["suggest_broker_id"], got["has_next_begin"]) == (0, 77, 1, 64, -3, 1, 1)
+
+
+def test_a_proxy_pull_answer_is_read():
+    """A RocketMQ 5.3 Proxy relays the broker's answer with two ext fields of its own (MSG_REGION,
+    empty by default, and TRACE_ON): passed over like any field that is not an offset."""
+    header = (b'{"code":0,"extFields":{"suggestWhichBrokerId":"0","groupSysFlag":"0","TRACE_ON":"false",'
+              b'"nextBeginOffset":"5","MSG_REGION":"","maxOffset":"5","minOffset":"0","topicSysFlag":"0"},'
+              b'"flag":1,"language":"JAVA","opaque":9,"serializeTypeCurrentRPC":"JSON","version":479}')
+    got = parse_header(struct.pack(">i", len(header)) + header + b"BODY")
+    assert (got["code"], got["opaque"], got["next_begin_offset"], got["max_offset"],
+            got["has_next_begin"]) == (0, 9, 5, 5, 1)
+
+
+def test_the_pull_template_names_the_broker_for_a_proxy():
+    fields = rq.pull_fields("g", "T", 3, 0, subscription="*", broker_name="broker-a")
+    header, cuts = pull_template(fields)
+    ext = json.loads(header[:cuts[0]] + b"1" + header[cuts[0]:cuts[1]] + b"7" + header[cuts[1]:cuts[2]]
+                     + b"32" + header[cuts[2]:])["extFields"]
+    assert ext["bname"] == "broker-a" and (ext["queueOffset"], ext["maxMsgNums"]) == ("7", "32")
 
 
 @settings(max_examples=500, deadline=None)

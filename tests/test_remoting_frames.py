@@ -295,3 +295,32 @@ def test_garbage_never_crashes(data):
         frames.decode(data)
     except RmqRemotingError:
         pass
+
+
+@pytest.mark.parametrize("code, remark, refused", [
+    (16, "no permission", True),                                          # a 5.x broker
+    (1, "org.apache.rocketmq.acl.common.AclException: [10003]", True),    # 4.9's plain ACL
+    (1, "check signature failed.", True),                                 # a 5.x Proxy (ACL 2.0)
+    (1, "User:bob is not found.", True),
+    (1, "User:bob is disabled.", True),
+    (1, "Authentication failed. Please verify the credentials and try again.", True),
+    (1, "User:bob has no permission to access Topic:T from 127.0.0.1, Pub", True),
+    (1, "no consumer for this group, ProxyGroup", False),
+    (1, 'Cannot invoke "ConsumerGroupInfo.getAllClientId()" because "consumerGroupInfo" is null', False),
+    (3, " request type 202 not supported", False),
+])
+def test_refused_credentials_are_told_from_other_errors(code, remark, refused):
+    from rmq_source.remote.client import is_auth_failure
+    assert is_auth_failure(RemotingCommand(code, remark=remark)) is refused
+
+
+@pytest.mark.parametrize("remark, none", [
+    ('Cannot invoke "org.apache.rocketmq.broker.client.ConsumerGroupInfo.getAllClientId()" because '
+     '"consumerGroupInfo" is null', True),      # a Proxy on Java 15+ (helpful NPE messages)
+    (None, True), ("null", True),               # ... before (the NPE has no message)
+    ("check signature failed.", False),
+    ("broker busy", False),
+])
+def test_a_proxy_without_members_of_the_group_answers_no_member(remark, none):
+    from rmq_source.remote.requests import _no_member_at_proxy
+    assert _no_member_at_proxy(remark) is none
