@@ -26,7 +26,8 @@ DEFAULT_PRODUCER_GROUP = "rmq_source_producer"
 WRITE_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 SINK_OPTION_DOCS: dict[str, tuple[str, str]] = {
-    "namesrvAddr": ("required", "The cluster's NameServers, host:port;host:port."),
+    "namesrvAddr": ("required", "The cluster's NameServers, host:port;host:port, or a RocketMQ 5 "
+                                "Proxy's remoting port."),
     "topic": ("none", "The topic of rows whose topic column is null or absent. Required unless "
                       "the DataFrame has a topic column."),
     "producerGroup": (DEFAULT_PRODUCER_GROUP, "The producer group named in every send (brokers "

@@ -19,7 +19,8 @@ DEFAULT_MAX_PARTITION_BYTES = 128 << 20      # as Spark's spark.sql.files.maxPar
 OPTION_DOCS: dict[str, tuple[str, str]] = {
     "namesrvAddr": ("none",
                     "Read a live cluster: its NameServers, host:port;host:port (as RocketMQ clients "
-                    "take it). Exclusive with storePath/brokers/brokerName."),
+                    "take it), or a RocketMQ 5 Proxy's remoting port (no topicPattern there: "
+                    "docs/semantics.md). Exclusive with storePath/brokers/brokerName."),
     "requestTimeoutMs": ("10000", "With namesrvAddr: timeout of one request to a NameServer or "
                                   "broker, in ms."),
     "requestRetries": ("5", "With namesrvAddr: how many times a request is tried again when its "
@@ -82,7 +83,8 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
     "topic": ("none", "Comma-separated topics to read. Exactly one of topic, topicPattern, assign."),
     "topicPattern": ("none",
                      "Python regular expression matched against the whole name of every topic in "
-                     "the stores; while streaming, new matching topics and queues are picked up "
+                     "the stores (live: the NameServers' topic list, which a RocketMQ 5 Proxy does "
+                     "not serve); while streaming, new matching topics and queues are picked up "
                      "from their earliest offset."),
     "assign": ("none", 'Exact queues as JSON {"topic":{"broker":[queueIds]}}.'),
     "subExpression": ("*", "RocketMQ tag expression: * (all) or TagA || TagB; with "
