@@ -241,11 +241,14 @@ def _stream(spark, namesrv, topic, group, tmp_path, **options):
             .option("checkpointLocation", str(tmp_path / "chk")))
 
 
-def _wait_for(what: str, done, query=None, timeout: float = 120.0) -> None:
+def _wait_for(what: str, done, query=None, timeout: float = 120.0, last=None) -> None:
+    """Poll ``done()`` until true; the query failing or ``timeout`` passing fails the test (with
+    ``last()``, what was last seen)."""
     deadline = time.monotonic() + timeout
     while not done():
         assert query is None or query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, f"{what} after {timeout:.0f} s"
+        assert time.monotonic() < deadline, (f"{what} after {timeout:.0f} s"
+                                             + (f"; last seen: {last()}" if last else ""))
         time.sleep(0.2)
 
 
@@ -287,6 +290,7 @@ def test_the_proxy_killed_and_restarted_under_a_group_stream(spark, rocketmq, pr
         assert len(rows) == len(set(rows)), "a message reached the sink twice"
         # the last batch is committed to the group at the next planning
         _wait_for("the group's offsets never reached the ends",
-                  lambda: _offsets(rocketmq, topic, group) == {i: 14 for i in range(QUEUES)}, q, 60)
+                  lambda: _offsets(rocketmq, topic, group) == {i: 14 for i in range(QUEUES)}, q, 60,
+                  last=lambda: _offsets(rocketmq, topic, group))
     finally:
         q.stop()

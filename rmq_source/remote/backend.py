@@ -372,9 +372,10 @@ class ClusterBackend(Backend):
         tests = string_tests(compile_selector(subscription.expression).root)
         if not tests:
             return
-        first: dict[str, MessageQueue] = {}
+        first: dict[str, MessageQueue] = {}      # a queue of each broker (of a topic it has made)
         for mq in mqs:
-            first.setdefault(mq.broker_name, mq)
+            if mq.broker_name not in first or is_retry_topic(first[mq.broker_name].topic):
+                first[mq.broker_name] = mq
         for broker, mq in sorted(first.items()):
             version = self._call(broker, lambda addr, mq=mq: self._version_of(addr, mq))
             if 0 < version < _STRING_TESTS_SINCE:

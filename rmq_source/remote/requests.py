@@ -189,15 +189,13 @@ def queue_offsets(client: RemotingClient, addr: str, topic: str, queue_ids: Iter
     """GET_MIN_OFFSET and GET_MAX_OFFSET of every queue of ``queue_ids``, all sent before the first
     answer is awaited (what RocketMQ's Java client asks per queue; a Proxy serves no
     GET_TOPIC_STATS_INFO). ``last_update_ms`` is 0: these answers do not carry it."""
-    calls = []
-    for qid in queue_ids:
-        fields = {"topic": topic, "queueId": qid}
-        calls.append((qid, client.send(addr, GET_MIN_OFFSET, _to_broker(dict(fields), broker_name),
-                                       timeout=timeout),
-                      client.send(addr, GET_MAX_OFFSET, _to_broker(dict(fields), broker_name),
-                                  timeout=timeout)))
+    calls: list = []                      # (queue id, its GET_MIN_OFFSET, its GET_MAX_OFFSET)
     out: dict[int, QueueStats] = {}
     try:
+        for qid in queue_ids:
+            calls.append((qid, *(client.send(addr, code, _to_broker({"topic": topic, "queueId": qid},
+                                                                      broker_name), timeout=timeout)
+                                 for code in (GET_MIN_OFFSET, GET_MAX_OFFSET))))
         for qid, low, high in calls:
             out[qid] = QueueStats(int(client.answer(low).ext_fields["offset"]),
                                   int(client.answer(high).ext_fields["offset"]), 0)
