@@ -41,7 +41,11 @@ class _Cluster:
 def _backend(cluster: _Cluster, outage_s: float = 30.0) -> ClusterBackend:
     backend = ClusterBackend(ClusterBackendSpec(("127.0.0.1:1",), 1.0, retries=2, retry_backoff_s=0.01,
                                                 outage_s=outage_s))
-    backend._ask_namesrv = lambda what, call: cluster.info()   # (no NameServer asked)
+    # (no NameServer asked: broker lookups read the fake's cluster info, any other question gets it)
+    backend._lookup_broker = lambda namesrv, name: (cluster.info().master_addr(name),
+                                                    cluster.info().nodes(name))
+    backend._ask_namesrv = lambda what, call: (call("127.0.0.1:1") if what.startswith("master of")
+                                               else cluster.info())
     return backend
 
 
@@ -174,7 +178,7 @@ def test_a_group_commit_a_new_master_cannot_take_yet_is_kept(monkeypatch, code, 
     cluster = _Cluster(True, {})
     backend = _backend(cluster)
 
-    def refuse(client, addr, group, topic, queue_id, offset):
+    def refuse(client, addr, group, topic, queue_id, offset, broker_name=None):
         raise RmqBrokerError("refused", code=code, peer=addr)
     monkeypatch.setattr(rq, "update_consumer_offset", refuse)
     with pytest.raises(error, match=text) as info:
