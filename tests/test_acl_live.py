@@ -273,3 +273,67 @@ def _routed(admin, acl, topic) -> bool:
         if exc.code != rq.TOPIC_NOT_EXIST:
             raise
         return False
+
+
+# ------------------------------------------------------------------ through a RocketMQ 5 Proxy
+
+@pytest.fixture(scope="module")
+def acl_proxy(acl, tmp_path_factory):
+    """A Proxy in front of the 5.3 ACL cluster that checks signatures and grants itself (ACL 2.0
+    users and policies fetched from the brokers) and signs what it forwards with the admin
+    account (``enableAclRpcHookForClusterMode``), as a deployment behind Proxies does."""
+    import json
+
+    import rocketmq_cluster
+    from conftest import broker_unavailable
+    try:
+        jars = rocketmq_cluster.resolve_proxy_jars(acl.cluster.version)
+    except rocketmq_cluster.BrokerUnavailable as exc:
+        broker_unavailable(str(exc))
+    auth = {
+        "authenticationEnabled": True, "authorizationEnabled": True,
+        "authenticationMetadataProvider": "org.apache.rocketmq.proxy.auth.ProxyAuthenticationMetadataProvider",
+        "authorizationMetadataProvider": "org.apache.rocketmq.proxy.auth.ProxyAuthorizationMetadataProvider",
+        "enableAclRpcHookForClusterMode": True,
+        "innerClientAuthenticationCredentials": json.dumps(
+            {"accessKey": ADMIN.access_key, "secretKey": ADMIN.secret_key}),
+    }
+    server = rocketmq_cluster.Proxy(acl.cluster.version, jars, tmp_path_factory.mktemp("acl-proxy"),
+                                    namesrv=acl.namesrv, cluster=acl.cluster.cluster_name, extra=auth)
+    try:
+        server.start()
+    except rocketmq_cluster.ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop(graceful=False)
+
+
+@pytest.mark.parametrize("acl", ["5.3"], indirect=True, ids=["rocketmq-5.3"])
+def test_signed_requests_through_a_proxy(acl, acl_proxy, spark):
+    """Through the Proxy: the reader reads its topic (batch, signed pulls and offsets); a wrong
+    secret, an unknown account and a topic without permission are auth errors naming the access
+    key and the Proxy; the admin account's sink write reaches the topic."""
+    through = ClusterBackendSpec((acl_proxy.addr,), 10.0, credentials=READER, pull_group=GROUP).open()
+    assert sorted(_read_all(through)) == sorted(_expected(acl))
+    rows = spark.read.format("rmq").options(**acl.options(namesrvAddr=acl_proxy.addr)).load()
+    assert sorted(bytes(r.body) for r in rows.select("body").collect()) == sorted(_expected(acl))
+    for creds, topic, text in ((Credentials(READER.access_key, "not-the-secret"), TOPIC, "rmqReader"),
+                               (Credentials("nobody", "whatever-secret"), TOPIC, "nobody"),
+                               (READER, DENIED, DENIED)):
+        backend = ClusterBackendSpec((acl_proxy.addr,), 10.0, credentials=creds, pull_group=GROUP).open()
+        with raises_rmq(RmqAuthError) as info:
+            _read_all(backend, topic)
+        assert text in info.text and acl_proxy.addr in info.text, info.text
+        assert not any(s in info.text for s in SECRETS), info.text
+    sink_topic = "AclSink"
+    with RemotingClient(timeout=15, credentials=ADMIN) as admin:
+        if not _routed(admin, acl, sink_topic):
+            acl.cluster.create_topic(admin, sink_topic, QUEUES)
+    bodies = {b"via-proxy-%d" % i for i in range(20)}
+    (spark.createDataFrame([(b,) for b in sorted(bodies)], "body binary").write.format("rmq")
+     .mode("append").option("namesrvAddr", acl_proxy.addr).option("topic", sink_topic)
+     .option("accessKey", ADMIN.access_key).option("secretKey", ADMIN.secret_key).save())
+    deadline = time.monotonic() + 20
+    while not bodies <= set(_read_all(_backend(acl, ADMIN), sink_topic)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert bodies <= set(_read_all(_backend(acl, ADMIN), sink_topic))

@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 import rocketmq_cluster
+from tls_certs import make_certs
 from conftest import broker_unavailable, raises_rmq
 from fault_helpers.sinks import sink_bodies
 from rmq_source.errors import RmqOptionError
@@ -33,14 +34,25 @@ QUEUES, FIRST, SECOND = 4, 6, 4      # messages per queue sent in the first and 
 
 
 @pytest.fixture(scope="module")
-def proxy(rocketmq, tmp_path_factory):
-    """A Proxy in cluster mode in front of the shared cluster (its brokers registered already)."""
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("proxy-certs"))
+
+
+@pytest.fixture(scope="module")
+def proxy(rocketmq, tmp_path_factory, certs):
+    """A Proxy in cluster mode in front of the shared cluster (its brokers registered already).
+    Its remoting port speaks TLS with the test CA's certificate for 127.0.0.1 and plain remoting
+    alike (the Proxy's default server mode, "permissive"; its own clients to the cluster stay
+    plain)."""
     try:
         jars = rocketmq_cluster.resolve_proxy_jars(rocketmq.version)
     except rocketmq_cluster.BrokerUnavailable as exc:
         broker_unavailable(str(exc))
+    tls = {"tlsTestModeEnable": False, "tlsCertPath": str(certs.server_cert),
+           "tlsKeyPath": str(certs.server_key)}
     server = rocketmq_cluster.Proxy(rocketmq.version, jars, tmp_path_factory.mktemp("proxy"),
-                                    namesrv=rocketmq.namesrv_addr, cluster=rocketmq.cluster_name)
+                                    namesrv=rocketmq.namesrv_addr, cluster=rocketmq.cluster_name,
+                                    extra=tls)
     try:
         server.start()          # (its boot is timed as "RocketMQ Proxy boot")
     except rocketmq_cluster.ServerError as exc:
@@ -117,6 +129,19 @@ def test_a_batch_read_through_the_proxy_equals_a_direct_read(spark, rocketmq, pr
     assert {q: [(m[0], m[4]) for m in dumped[q]] for q in range(QUEUES)} == {
         q: [(r.queueOffset, bytes(r.body)) for r in through if r.queueId == q] for q in range(QUEUES)}
     assert all(end[0] == FIRST + SECOND for end in ends.values()), ends
+
+
+def test_tls_to_the_proxy(spark, rocketmq, proxy, filled, certs):
+    """useTLS to the Proxy's remoting port (its certificate checked against the test CA): the
+    same rows as plain remoting; a CA that did not sign it is refused, naming the Proxy."""
+    topic, _ = filled
+    tls = {"useTLS": "true", "tlsTrustCertPath": str(certs.ca)}
+    assert _bodies(_read(spark, proxy.addr, topic, **tls)) == _bodies(_read(spark, proxy.addr, topic))
+    with pytest.raises(Exception) as info:
+        _read(spark, proxy.addr, topic, **dict(tls, tlsTrustCertPath=str(certs.other_ca),
+                                               requestRetries="0")).collect()
+    text = str(info.value)
+    assert "certificate was refused" in text and proxy.addr in text, text[-2000:]
 
 
 @pytest.mark.parametrize("options, keep", [

@@ -159,6 +159,8 @@ class ClusterBackend(Backend):
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
         self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
+        # brokerName -> the topics asked about there (broker lookups through a Proxy)
+        self._topics_of: dict[str, dict[str, None]] = {}
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -206,10 +208,17 @@ class ClusterBackend(Backend):
                 raise self._no_master(broker_name)
         return addr
 
+    def _note_topic(self, mq: MessageQueue) -> None:
+        """Remember that ``mq``'s topic was asked about on its broker (see :meth:`_lookup_broker`)."""
+        with self._mutex:
+            self._topics_of.setdefault(mq.broker_name, {})[mq.topic] = None
+
     def _lookup_broker(self, namesrv: str, broker_name: str) -> tuple[str | None, dict[int, str]]:
         """(master address or None, broker id -> address) of ``broker_name`` as ``namesrv`` says
-        now: its cluster info; where that is not served (a Proxy), the route of the topic named
-        after the broker, which every broker registers (how a Proxy finds a broker itself)."""
+        now: its cluster info; where that is not served (a Proxy), the route of a topic asked
+        about on that broker (the route a Java client asks, which an account with ACL may
+        read), else of the topic named after the broker, which every broker
+        registers (how a Proxy finds a broker itself)."""
         if self.client.serves(namesrv, rq.GET_BROKER_CLUSTER_INFO):
             try:
                 info = rq.cluster_info(self.client, namesrv)
@@ -219,6 +228,15 @@ class ClusterBackend(Backend):
                     raise
                 log.info("%s serves no cluster info (%s): brokers are looked up in routes there",
                          namesrv, exc.reason)
+        with self._mutex:
+            topics = list(self._topics_of.get(broker_name, {}))
+        for topic in topics:
+            try:
+                route = rq.topic_route(self.client, namesrv, topic)
+            except RmqBrokerError:
+                continue        # (gone, or not this account's): the next one, then the broker's
+            if broker_name in route.nodes():
+                return route.master_addrs().get(broker_name), route.nodes()[broker_name]
         try:
             route = rq.topic_route(self.client, namesrv, broker_name)
         except RmqBrokerError as exc:
@@ -412,6 +430,7 @@ class ClusterBackend(Backend):
         mqs = list(mqs)
         groups: dict[tuple[str, str], list[MessageQueue]] = {}
         for mq in mqs:
+            self._note_topic(mq)
             groups.setdefault((mq.broker_name, mq.topic), []).append(mq)
         found: dict[MessageQueue, QueueInfo] = {}
         down: dict[str, Exception] = {}
@@ -460,6 +479,7 @@ class ClusterBackend(Backend):
         broker's answer, checked by pulls (:mod:`rmq_source.remote.timestamps`) within ``info``'s
         offsets (asked when not given); the answer as it is when the broker stops answering the
         checks (a broker away is not waited for here)."""
+        self._note_topic(mq)
         hint = self._call(mq.broker_name, lambda addr: rq.offset_by_timestamp(
             self.client, addr, mq.topic, mq.queue_id, timestamp_ms, broker_name=mq.broker_name),
             slave_ok=True)
@@ -590,6 +610,7 @@ class ClusterBackend(Backend):
         messages asked are no longer in its memory and the brokers have ``slaveReadEnable``);
         None for the master. As RocketMQ's clients do, a suggested id not in the route falls
         back to the next id, then to the master."""
+        self._note_topic(mq)        # (every pull asks this first)
         which = self._pull_from.get(mq, 0)
         if which == 0:
             return None
