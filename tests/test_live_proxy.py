@@ -144,6 +144,15 @@ def test_tls_to_the_proxy(spark, rocketmq, proxy, filled, certs):
     assert "certificate was refused" in text and proxy.addr in text, text[-2000:]
 
 
+def test_the_proxys_grpc_port_is_refused_naming_the_remoting_port(spark, proxy, filled):
+    from rmq_source.errors import RmqRemotingProtocolError
+    topic, _ = filled
+    grpc = f"127.0.0.1:{proxy.grpc_port}"
+    with raises_rmq(RmqRemotingProtocolError) as info:
+        _read(spark, grpc, topic).collect()
+    assert "HTTP/2" in info.text and "remotingListenPort" in info.text and grpc in info.text, info.text
+
+
 @pytest.mark.parametrize("options, keep", [
     ({"subExpression": "a"}, lambda rnd, i: i % 2 == 0),
     # (CONTAINS: the broker's version is checked, from a broker's answer through the Proxy)

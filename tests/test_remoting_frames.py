@@ -142,6 +142,19 @@ def test_truncated_frame(peer, connect):
     assert isinstance(err.value, ConnectionError)
 
 
+def test_an_http2_server_is_named_as_one(peer, connect):
+    """A gRPC port (a RocketMQ 5 Proxy's, say) answers any new connection with an HTTP/2 SETTINGS
+    frame and closes it after our frame: the error says what the peer is and which port to name."""
+    def script(conn):
+        read_request(conn)
+        conn.sendall(b"\0\0\x12\x04\0\0\0\0\0" + b"\0\x03\0\0\x7f\xff" * 3 + b"\0\0\x08\x07\0\0\0\0\0")
+        conn.shutdown(socket.SHUT_WR)
+    p = peer(script)
+    with connect(p.addr) as c, pytest.raises(RmqRemotingProtocolError) as err:
+        c.invoke(105, {"topic": "T"}, timeout=5)
+    assert "HTTP/2" in str(err.value) and "remotingListenPort" in str(err.value) and p.addr in str(err.value)
+
+
 @pytest.mark.parametrize("bad", [
     struct.pack(">ii", 4, 9 << 24),                       # unknown serialize type
     struct.pack(">ii", 8, 100) + b"abcd",                 # header longer than the frame

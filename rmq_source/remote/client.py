@@ -41,6 +41,12 @@ REQUEST_NAMES = {
     310: "SEND_MESSAGE_V2", 320: "SEND_BATCH_MESSAGE",
 }
 _I32 = struct.Struct(">i")
+
+
+def _looks_like_http2(buf: bytes | bytearray) -> bool:
+    """Whether an answer starts like an HTTP/2 server's first frame (9-byte header: 24-bit
+    length, type 4 = SETTINGS, flags, stream 0), which a gRPC server sends to any new connection."""
+    return len(buf) >= 9 and buf[3] == 0x04 and buf[5:9] == b"\0\0\0\0" and buf[0] == 0
 READ_BUFFER = 256 << 10
 
 
@@ -292,6 +298,12 @@ class Connection:
                                 "enforcing closes plain connections: set useTLS=true)")
                     raise RmqRemotingConnectionError("connection closed by the peer" + hint,
                                                      peer=self.addr)
+                if _looks_like_http2(buf):
+                    raise RmqRemotingProtocolError(
+                        "the peer answers in HTTP/2, not RocketMQ remoting: a gRPC endpoint (a "
+                        "RocketMQ 5 Proxy's gRPC port, 8081 by default?); name NameServers or a "
+                        "Proxy's remoting port (its remotingListenPort, 8080 by default)",
+                        peer=self.addr)
                 if len(buf) < 4:
                     raise RmqRemotingConnectionError(
                         f"truncated frame: the peer closed the connection after {len(buf)} of 4 "
