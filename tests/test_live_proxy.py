@@ -254,17 +254,26 @@ def test_lag_and_reset_offset_through_the_proxy(rocketmq, proxy, filled):
     assert all(r["lastTimestamp"] is not None and r["lastTimestamp"] < boundary for r in lag), lag
 
 
-def test_a_sink_write_through_the_proxy_reads_back(spark, rocketmq, proxy):
-    topic = _topic(rocketmq)
+@pytest.mark.parametrize("namespace", [None, "proxyNs"], ids=["plain", "namespace"])
+def test_a_sink_write_through_the_proxy_reads_back(spark, rocketmq, proxy, namespace):
+    """Written and read back through the Proxy; with a namespace the broker holds the topic as
+    <namespace>%<topic> (the Proxy passes the client's names on) and rows name it without."""
+    name = f"Proxy_{uuid.uuid4().hex[:8]}"
+    stored = f"{namespace}%{name}" if namespace else name
+    with RemotingClient(timeout=15) as client:
+        rocketmq.create_topic(client, stored, QUEUES)
+    opts = {"namespace": namespace} if namespace else {}
     rows = [(f"w-{i}".encode(), "t" if i % 2 else "u", f"k{i}") for i in range(40)]
     (spark.createDataFrame(rows, "body binary, tags string, keys string")
-     .write.format("rmq").mode("append").option("namesrvAddr", proxy.addr).option("topic", topic).save())
+     .write.format("rmq").mode("append").option("namesrvAddr", proxy.addr).option("topic", name)
+     .options(**opts).save())
     addr = rocketmq.brokers["broker-a"].addr
     with RemotingClient(timeout=15) as client:      # stored on the broker
-        ends = {q: rq.max_offset(client, addr, topic, q) for q in range(QUEUES)}
+        ends = {q: rq.max_offset(client, addr, stored, q) for q in range(QUEUES)}
     assert sum(ends.values()) == len(rows), ends
-    back = _read(spark, proxy.addr, topic).select("body", "tags", "keys").collect()
+    back = _read(spark, proxy.addr, name, **opts).select("topic", "body", "tags", "keys").collect()
     assert sorted((bytes(r.body), r.tags, " ".join(r.keys)) for r in back) == sorted(rows)
+    assert {r.topic for r in back} == {name}
 
 
 def _stream(spark, namesrv, topic, group, tmp_path, **options):
