@@ -310,6 +310,29 @@ def running_cluster(rocketmq_jars, line: str, tmp_path_factory, name: str, **kw)
         cluster.stop(graceful=False)        # nothing reads its stores afterwards
 
 
+@contextlib.contextmanager
+def running_proxy(cluster, tmp_path_factory, name: str, extra: dict | None = None):
+    """A RocketMQ 5 Proxy in cluster mode in front of ``cluster`` (its brokers registered
+    already; ``extra``: more ``rmq-proxy.json`` keys) under a new temporary folder ``name``,
+    stopped afterwards. Proxy jars that cannot be had skip the test (or fail it, as the broker
+    tests do); a Proxy that does not start fails it with its log tails."""
+    try:
+        jars = rocketmq_cluster.resolve_proxy_jars(cluster.version)
+    except rocketmq_cluster.BrokerUnavailable as exc:
+        broker_unavailable(str(exc))
+    server = rocketmq_cluster.Proxy(cluster.version, jars, tmp_path_factory.mktemp(name),
+                                    namesrv=cluster.namesrv_addr, cluster=cluster.cluster_name,
+                                    extra=extra)
+    try:
+        server.start()          # (its boot is timed as "RocketMQ Proxy boot")
+    except rocketmq_cluster.ServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop(graceful=False)
+
+
 @pytest.fixture(scope="session", params=BROKER_LINES, ids=lambda line: f"rocketmq-{line}")
 def rocketmq(request, rocketmq_jars, tmp_path_factory):
     """A running NameServer and broker ``broker-a`` of one version, shared by the whole session."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BROKER_LINES, raises_rmq, running_cluster
+from conftest import BROKER_LINES, raises_rmq, running_cluster, running_proxy
 from rmq_source.errors import RmqAuthError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.remote import RemotingClient
@@ -284,12 +284,6 @@ def acl_proxy(acl, tmp_path_factory):
     account (``enableAclRpcHookForClusterMode``), as a deployment behind Proxies does."""
     import json
 
-    import rocketmq_cluster
-    from conftest import broker_unavailable
-    try:
-        jars = rocketmq_cluster.resolve_proxy_jars(acl.cluster.version)
-    except rocketmq_cluster.BrokerUnavailable as exc:
-        broker_unavailable(str(exc))
     auth = {
         "authenticationEnabled": True, "authorizationEnabled": True,
         "authenticationMetadataProvider": "org.apache.rocketmq.proxy.auth.ProxyAuthenticationMetadataProvider",
@@ -298,14 +292,8 @@ def acl_proxy(acl, tmp_path_factory):
         "innerClientAuthenticationCredentials": json.dumps(
             {"accessKey": ADMIN.access_key, "secretKey": ADMIN.secret_key}),
     }
-    server = rocketmq_cluster.Proxy(acl.cluster.version, jars, tmp_path_factory.mktemp("acl-proxy"),
-                                    namesrv=acl.namesrv, cluster=acl.cluster.cluster_name, extra=auth)
-    try:
-        server.start()
-    except rocketmq_cluster.ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield server
-    server.stop(graceful=False)
+    with running_proxy(acl.cluster, tmp_path_factory, "acl-proxy", auth) as server:
+        yield server
 
 
 @pytest.mark.parametrize("acl", ["5.3"], indirect=True, ids=["rocketmq-5.3"])

@@ -18,9 +18,8 @@ import uuid
 
 import pytest
 
-import rocketmq_cluster
 from tls_certs import make_certs
-from conftest import broker_unavailable, raises_rmq
+from conftest import raises_rmq, running_proxy
 from fault_helpers.sinks import sink_bodies
 from rmq_source.errors import RmqOptionError
 from rmq_source.remote import RemotingClient
@@ -44,21 +43,10 @@ def proxy(rocketmq, tmp_path_factory, certs):
     Its remoting port speaks TLS with the test CA's certificate for 127.0.0.1 and plain remoting
     alike (the Proxy's default server mode, "permissive"; its own clients to the cluster stay
     plain)."""
-    try:
-        jars = rocketmq_cluster.resolve_proxy_jars(rocketmq.version)
-    except rocketmq_cluster.BrokerUnavailable as exc:
-        broker_unavailable(str(exc))
     tls = {"tlsTestModeEnable": False, "tlsCertPath": str(certs.server_cert),
            "tlsKeyPath": str(certs.server_key)}
-    server = rocketmq_cluster.Proxy(rocketmq.version, jars, tmp_path_factory.mktemp("proxy"),
-                                    namesrv=rocketmq.namesrv_addr, cluster=rocketmq.cluster_name,
-                                    extra=tls)
-    try:
-        server.start()          # (its boot is timed as "RocketMQ Proxy boot")
-    except rocketmq_cluster.ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield server
-    server.stop(graceful=False)
+    with running_proxy(rocketmq, tmp_path_factory, "proxy", tls) as server:
+        yield server
 
 
 def _topic(rocketmq) -> str:

@@ -75,6 +75,8 @@ _MAX_RETRIES = 5
 _UNREACHABLE = (RmqRemotingConnectionError, RmqRemotingTimeoutError)
 
 log = logging.getLogger(__name__)
+#: what :meth:`ClusterBackend._if_served` returns for a request the address does not serve
+_NOT_SERVED = object()
 
 
 def _cancel(ahead: deque) -> None:
@@ -167,6 +169,22 @@ class ClusterBackend(Backend):
         """``call(addr)`` on the first NameServer that answers; every address tried is named."""
         return ask_namesrvs(self.spec.namesrv_addrs, what, call)
 
+    def _if_served(self, addr: str, code: int, ask, instead: str | None = None):
+        """``ask()``, or :data:`_NOT_SERVED` when ``addr`` does not serve request ``code``: it
+        answered it with REQUEST_CODE_NOT_SUPPORTED now or before (:meth:`RemotingClient.serves`;
+        a 5.x Proxy's remoting port). ``instead`` (what is done there instead) is logged the
+        first time."""
+        if not self.client.serves(addr, code):
+            return _NOT_SERVED
+        try:
+            return ask()
+        except RmqBrokerError as exc:
+            if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
+                raise
+            if instead:
+                log.info("%s does not serve %s (%s): %s", addr, exc.request or code, exc.reason, instead)
+            return _NOT_SERVED
+
     def route(self, topic: str) -> rq.TopicRoute:
         try:
             route = self._ask_namesrv(f"route of topic {topic!r}",
@@ -219,15 +237,11 @@ class ClusterBackend(Backend):
         about on that broker (the route a Java client asks, which an account with ACL may
         read), else of the topic named after the broker, which every broker
         registers (how a Proxy finds a broker itself)."""
-        if self.client.serves(namesrv, rq.GET_BROKER_CLUSTER_INFO):
-            try:
-                info = rq.cluster_info(self.client, namesrv)
-                return info.master_addr(broker_name), info.nodes(broker_name)
-            except RmqBrokerError as exc:
-                if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
-                    raise
-                log.info("%s serves no cluster info (%s): brokers are looked up in routes there",
-                         namesrv, exc.reason)
+        info = self._if_served(namesrv, rq.GET_BROKER_CLUSTER_INFO,
+                               lambda: rq.cluster_info(self.client, namesrv),
+                               "brokers are looked up in routes there")
+        if info is not _NOT_SERVED:
+            return info.master_addr(broker_name), info.nodes(broker_name)
         with self._mutex:
             topics = list(self._topics_of.get(broker_name, {}))
         for topic in topics:
@@ -330,12 +344,10 @@ class ClusterBackend(Backend):
         too) is an :class:`RmqOptionError` saying that ``what`` needs the list and to do
         ``instead``."""
         def ask(addr):
-            if self.client.serves(addr, rq.GET_ALL_TOPIC_LIST_FROM_NAMESERVER):
-                try:
-                    return rq.all_topics(self.client, addr)
-                except RmqBrokerError as exc:
-                    if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
-                        raise
+            names = self._if_served(addr, rq.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+                                    lambda: rq.all_topics(self.client, addr))
+            if names is not _NOT_SERVED:
+                return names
             raise RmqOptionError(
                 f"{what} needs the topic list of the NameServers, but namesrvAddr {addr} lists no "
                 "topics: it is not a NameServer (it answered GET_ALL_TOPIC_LIST_FROM_NAMESERVER with "
@@ -463,14 +475,11 @@ class ClusterBackend(Backend):
         queue in one answer) where the address serves it, else GET_MIN_OFFSET and GET_MAX_OFFSET
         per queue, pipelined; an address answering the former with code 3 (a Proxy) is asked
         the latter from then on (:meth:`RemotingClient.serves`)."""
-        if self.client.serves(addr, rq.GET_TOPIC_STATS_INFO):
-            try:
-                return rq.topic_stats(self.client, addr, topic)
-            except RmqBrokerError as exc:
-                if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
-                    raise
-                log.info("%s serves no topic statistics (%s): queue offsets are asked per queue "
-                         "there", addr, exc.reason)
+        stats = self._if_served(addr, rq.GET_TOPIC_STATS_INFO,
+                                lambda: rq.topic_stats(self.client, addr, topic),
+                                "queue offsets are asked per queue there")
+        if stats is not _NOT_SERVED:
+            return stats
         return rq.queue_offsets(self.client, addr, topic, queue_ids, broker_name=broker)
 
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int, *,
@@ -989,13 +998,11 @@ class ClusterBackend(Backend):
         """brokerName -> master address of every broker in the NameServers' cluster info; where
         that is not served (a Proxy), of the brokers routed so far (the Proxy's address)."""
         def ask(addr):
-            if self.client.serves(addr, rq.GET_BROKER_CLUSTER_INFO):
-                try:
-                    info = rq.cluster_info(self.client, addr)
-                    return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
-                except RmqBrokerError as exc:
-                    if exc.code != rq.REQUEST_CODE_NOT_SUPPORTED:
-                        raise
+            info = self._if_served(addr, rq.GET_BROKER_CLUSTER_INFO,
+                                   lambda: rq.cluster_info(self.client, addr),
+                                   "brokers are looked up in routes there")
+            if info is not _NOT_SERVED:
+                return {b: info.master_addr(b) for b in info.brokers if info.master_addr(b)}
             with self._mutex:
                 return dict(self._masters)
         return self._ask_namesrv("cluster info", ask)

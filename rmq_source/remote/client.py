@@ -41,13 +41,13 @@ REQUEST_NAMES = {
     310: "SEND_MESSAGE_V2", 320: "SEND_BATCH_MESSAGE",
 }
 _I32 = struct.Struct(">i")
+READ_BUFFER = 256 << 10
 
 
 def _looks_like_http2(buf: bytes | bytearray) -> bool:
     """Whether an answer starts like an HTTP/2 server's first frame (9-byte header: 24-bit
     length, type 4 = SETTINGS, flags, stream 0), which a gRPC server sends to any new connection."""
     return len(buf) >= 9 and buf[3] == 0x04 and buf[5:9] == b"\0\0\0\0" and buf[0] == 0
-READ_BUFFER = 256 << 10
 
 
 def describe(cmd: RemotingCommand) -> str:
