@@ -619,7 +619,6 @@ class ClusterBackend(Backend):
         messages asked are no longer in its memory and the brokers have ``slaveReadEnable``);
         None for the master. As RocketMQ's clients do, a suggested id not in the route falls
         back to the next id, then to the master."""
-        self._note_topic(mq)        # (every pull asks this first)
         which = self._pull_from.get(mq, 0)
         if which == 0:
             return None
@@ -711,6 +710,7 @@ class ClusterBackend(Backend):
         A SUCCESS result may join several answers (up to ``max_rows`` queue offsets or
         ``max_bytes`` of records): its body is their records end to end, its next_begin_offset
         the last one's."""
+        self._note_topic(mq)        # (once a read, not once a pull)
         if self.spec.native_pulls and self.spec.credentials is None:     # (TLS: in C too)
             template = native_pull.pull_template(rq.pull_fields(
                 self.spec.pull_group, mq.topic, mq.queue_id, 0,
