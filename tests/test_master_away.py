@@ -139,6 +139,21 @@ def test_the_master_is_asked_afresh_for_a_tasks_lock_check():
     assert backend._acting_addr("broker-a", master_failed=False) == SLAVE
 
 
+def test_silent_nameservers_do_not_make_a_master_away():
+    """No NameServer answering (e.g. a Proxy restarting) is no answer: not away, and the master
+    last routed stays where the task's lock calls look for it."""
+    cluster = _Cluster(True, {})
+    backend = _backend(cluster)
+    assert backend.broker_addr("broker-a") == MASTER
+
+    def silent(namesrv, name):
+        raise RmqRemotingConnectionError(f"{namesrv}: cannot connect", peer=namesrv)
+    backend._lookup_broker = silent
+    backend._no_master_at.clear()
+    assert not backend.master_away("broker-a")
+    assert backend._masters["broker-a"] == MASTER
+
+
 MQ = MessageQueue("T", "broker-a", 0)
 
 

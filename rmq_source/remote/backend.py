@@ -278,12 +278,20 @@ class ClusterBackend(Backend):
 
     def master_away(self, broker_name: str) -> bool:
         """Whether the NameServers list no master for ``broker_name`` now (asked afresh: a
-        cached master may be one that died)."""
-        self._forget(broker_name)
+        cached master may be one that died). False when no NameServer answers (they may be
+        restarting, or be a Proxy that is): not known to be away, the last master stays cached
+        and the caller's broker calls find out for themselves."""
+        with self._mutex:
+            cached = self._masters.pop(broker_name, None)
         try:
             self.broker_addr(broker_name)
         except RmqBrokerUnavailableError:
             return True
+        except _UNREACHABLE as exc:
+            log.info("broker %s: whether it has a master is not known now (%s)", broker_name, exc)
+            if cached is not None:
+                with self._mutex:
+                    self._masters.setdefault(broker_name, cached)
         return False
 
     def is_master(self, broker_name: str, addr: str) -> bool:
