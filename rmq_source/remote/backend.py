@@ -163,6 +163,7 @@ class ClusterBackend(Backend):
         self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
         # brokerName -> the topics asked about there (broker lookups through a Proxy)
         self._topics_of: dict[str, dict[str, None]] = {}
+        self._unpiped: set[str] = set()   # addresses that left a pull sent ahead unanswered
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -693,10 +694,11 @@ class ClusterBackend(Backend):
         except _UNREACHABLE:
             return None, from_slave
 
-    def _answer(self, mq: MessageQueue, asked: int, call, from_slave: bool) -> rq.PullResult | None:
-        """The answer of a pull sent ahead (``call``; None: it could not be sent), or None when it
-        must be asked again of the master: no answer, busy, or (from a slave) anything but
-        messages."""
+    def _answer(self, mq: MessageQueue, asked: int, call, from_slave: bool,
+                in_flight: int = 1) -> rq.PullResult | None:
+        """The answer of a pull sent ahead (``call``; None: it could not be sent; ``in_flight``
+        were sent ahead with it), or None when it must be asked again of the master: no answer,
+        busy, or (from a slave) anything but messages."""
         res = None
         try:
             if call is not None:
@@ -704,6 +706,7 @@ class ClusterBackend(Backend):
         except RmqRemotingError as exc:
             if isinstance(exc, RmqBrokerError) and exc.code != rq.SYSTEM_BUSY and not from_slave:
                 raise                              # the master refused the request itself
+            self._unanswered(call.conn.addr, in_flight, exc)
             if from_slave:
                 log.info("pull of %s at offset %d from a slave failed (%s); asking the master",
                          mq, asked, exc)
@@ -746,6 +749,36 @@ class ClusterBackend(Backend):
                 idle.setdefault(addr, []).append(puller)
         pullers.clear()
 
+    def _in_flight_to(self, addr: str | None) -> int:
+        """How many pulls of ``*`` go ahead on one connection to ``addr``: ``pulls_in_flight``,
+        but one at a time through a RocketMQ 5 Proxy. A Proxy writes a forwarded answer only
+        while its connection to the client is writable (under Netty's 64 KiB of unsent bytes) and
+        silently drops it otherwise: four answers of 32 1 KiB messages in flight lose some
+        (docs/remoting.md). One pull at a time is what RocketMQ's pull consumer sends there."""
+        if addr is not None and self._proxied(addr):
+            return 1
+        return self.spec.pulls_in_flight
+
+    def _proxied(self, addr: str) -> bool:
+        """Whether ``addr`` is known to be a RocketMQ 5 Proxy: a NameServer address routed as a
+        broker (a Proxy routes to itself), an address that does not serve GET_TOPIC_STATS_INFO,
+        one routed by NameServers that do not serve cluster info (Proxies), or one that left a
+        pull sent ahead unanswered (learnt: :meth:`_unanswered`)."""
+        return (addr in self._unpiped or addr in self.spec.namesrv_addrs
+                or not self.client.serves(addr, rq.GET_TOPIC_STATS_INFO)
+                or not all(self.client.serves(n, rq.GET_BROKER_CLUSTER_INFO)
+                           for n in self.spec.namesrv_addrs))
+
+    def _unanswered(self, addr: str, in_flight: int, exc: BaseException) -> None:
+        """A pull to ``addr`` timed out while ``in_flight`` > 1 were ahead: from now on one at a
+        time there (an answer dropped by a Proxy in front of the broker looks like this)."""
+        if (addr is not None and in_flight > 1 and isinstance(exc, RmqRemotingTimeoutError)
+                and addr not in self._unpiped):
+            self._unpiped.add(addr)
+            log.warning("%s left a pull unanswered with %d in flight (%s); pulls go there one at "
+                        "a time from now on (a RocketMQ 5 Proxy drops answers it cannot write "
+                        "at once)", addr, in_flight, exc.reason)
+
     def _native_pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription, template,
                       max_rows: int, max_bytes: int):
         """:meth:`_pulls` by the C core, from the broker :meth:`_pull` would ask (the suggested
@@ -762,6 +795,7 @@ class ClusterBackend(Backend):
                 expect = self._pull_from.get(mq, 0)     # the broker id the answers should suggest
                 slave = self._slave_addr(mq)
                 item = addr = None
+                ahead = 1
                 for attempt in (0, 1):
                     reused = False
                     try:
@@ -770,13 +804,15 @@ class ClusterBackend(Backend):
                         if not reused:
                             mine[addr], reused = self._take_puller(addr)
                         puller = mine[addr]
+                        ahead = min(in_flight, self._in_flight_to(addr))
                         puller.range(template, offset, end, per_pull=PULL_BATCH,
-                                     in_flight=max(1, in_flight), timeout_s=self.spec.timeout_s,
+                                     in_flight=max(1, ahead), timeout_s=self.spec.timeout_s,
                                      expect_suggest=expect, what=str(mq))
                         item = puller.next(max_rows, max_bytes)
                         break
                     except broken as exc:
                         mine.pop(addr, None)
+                        self._unanswered(addr, ahead, exc)
                         if attempt == 0 and reused and not isinstance(exc, RmqRemotingTimeoutError):
                             continue
                         if slave is not None:
@@ -820,6 +856,7 @@ class ClusterBackend(Backend):
                         item = puller.next(max_rows, max_bytes)
                     except broken as exc:
                         mine.pop(puller.addr, None)
+                        self._unanswered(puller.addr, ahead, exc)
                         if slave is not None:
                             self._pull_from.pop(mq, None)
                             break
@@ -860,14 +897,15 @@ class ClusterBackend(Backend):
         offset = next_ask = start
         try:
             while offset < end:
-                while len(ahead) < self.spec.pulls_in_flight and next_ask < end:
+                limit = self._in_flight_to(self._masters.get(mq.broker_name))
+                while len(ahead) < limit and next_ask < end:
                     n = min(PULL_BATCH, end - next_ask)
                     ahead.append((next_ask, *self._send_pull(mq, next_ask, n)))
                     next_ask += n
                 asked, call, from_slave = ahead.popleft()
                 res = None
                 if asked == offset and call is not None:
-                    res = self._answer(mq, asked, call, from_slave)
+                    res = self._answer(mq, asked, call, from_slave, limit)
                 if res is None:               # not sent, failed, or not where the stream is
                     _cancel(ahead)
                     res = self._pull(mq, offset, end - offset, sub)
