@@ -842,7 +842,8 @@ class Cluster:
         with timed("mqadmin run", args[0] if args else ""):
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                   env=tool.java_env(), cwd=tool.workdir)
-        if proc.returncode != 0:
+        # (a failed command prints SubCommandException and may still exit 0)
+        if proc.returncode != 0 or "SubCommandException" in proc.stderr:
             raise ServerError(f"mqadmin {' '.join(args)} exited {proc.returncode}:\n"
                               f"{(proc.stdout + proc.stderr)[-3000:]}")
         return proc.stdout

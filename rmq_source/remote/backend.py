@@ -54,6 +54,7 @@ from rmq_source.group.retry import is_retry_topic, retry_topic
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
+from rmq_source.remote.proxy import routes_through_proxy
 from rmq_source.remote.timestamps import first_at_or_after
 from rmq_source.remote.tls import TlsConfig
 from rmq_source.remote.client import RemotingClient, ask_namesrvs, auth_error, check, is_auth_failure
@@ -751,20 +752,23 @@ class ClusterBackend(Backend):
 
     def _in_flight_to(self, addr: str | None) -> int:
         """How many pulls of ``*`` go ahead on one connection to ``addr``: ``pulls_in_flight``,
-        but one at a time through a RocketMQ 5 Proxy. A Proxy writes a forwarded answer only
-        while its connection to the client is writable (under Netty's 64 KiB of unsent bytes) and
-        silently drops it otherwise: four answers of 32 1 KiB messages in flight lose some
-        (docs/remoting.md). One pull at a time is what RocketMQ's pull consumer sends there."""
+        but one at a time through a RocketMQ 5 Proxy, which drops answers it cannot write at
+        once (:mod:`rmq_source.remote.proxy`): four answers of 32 1 KiB messages in flight lost
+        some. One pull at a time is what RocketMQ's pull consumer sends there."""
         if addr is not None and self._proxied(addr):
             return 1
         return self.spec.pulls_in_flight
 
     def _proxied(self, addr: str) -> bool:
-        """Whether ``addr`` is known to be a RocketMQ 5 Proxy: a NameServer address routed as a
-        broker (a Proxy routes to itself), an address that does not serve GET_TOPIC_STATS_INFO,
-        one routed by NameServers that do not serve cluster info (Proxies), or one that left a
-        pull sent ahead unanswered (learnt: :meth:`_unanswered`)."""
-        return (addr in self._unpiped or addr in self.spec.namesrv_addrs
+        """Whether ``addr`` is known to be a RocketMQ 5 Proxy: routed as one
+        (:func:`routes_through_proxy`: a NameServer address, or the master of several brokers),
+        an address that does not serve GET_TOPIC_STATS_INFO, one routed by NameServers that do
+        not serve cluster info (Proxies), or one that left a pull sent ahead unanswered (learnt:
+        :meth:`_unanswered`)."""
+        with self._mutex:
+            routed = {b: a for b, a in self._masters.items() if a == addr}
+        return (addr in self._unpiped
+                or routes_through_proxy(self.spec.namesrv_addrs, routed or {"": addr})
                 or not self.client.serves(addr, rq.GET_TOPIC_STATS_INFO)
                 or not all(self.client.serves(n, rq.GET_BROKER_CLUSTER_INFO)
                            for n in self.spec.namesrv_addrs))

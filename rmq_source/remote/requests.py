@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -184,21 +185,38 @@ def topic_stats(client: RemotingClient, broker: str, topic: str, *, timeout: flo
     return out
 
 
+#: queues whose GET_MIN_OFFSET + GET_MAX_OFFSET are in flight at once in :func:`queue_offsets`:
+#: their answers (about 200 bytes each) stay under the 64 KiB a Proxy leaves unsent on a
+#: connection before it drops answers (docs/remoting.md)
+OFFSETS_WINDOW = 64
+
+
 def queue_offsets(client: RemotingClient, addr: str, topic: str, queue_ids: Iterable[int], *,
                   broker_name: str | None = None, timeout: float | None = None) -> dict[int, QueueStats]:
-    """GET_MIN_OFFSET and GET_MAX_OFFSET of every queue of ``queue_ids``, all sent before the first
-    answer is awaited (what RocketMQ's Java client asks per queue; a Proxy serves no
-    GET_TOPIC_STATS_INFO). ``last_update_ms`` is 0: these answers do not carry it."""
-    calls: list = []                      # (queue id, its GET_MIN_OFFSET, its GET_MAX_OFFSET)
+    """GET_MIN_OFFSET and GET_MAX_OFFSET of every queue of ``queue_ids``, those of
+    :data:`OFFSETS_WINDOW` queues in flight at once (what RocketMQ's Java client asks per queue;
+    a Proxy serves no GET_TOPIC_STATS_INFO). ``last_update_ms`` is 0: these answers do not carry
+    it."""
+    calls: deque = deque()                # (queue id, its GET_MIN_OFFSET, its GET_MAX_OFFSET)
     out: dict[int, QueueStats] = {}
+
+    def take() -> None:
+        qid, low, high = calls.popleft()
+        try:
+            out[qid] = QueueStats(int(client.answer(low).ext_fields["offset"]),
+                                  int(client.answer(high).ext_fields["offset"]), 0)
+        finally:
+            low.cancel()
+            high.cancel()
     try:
         for qid in queue_ids:
             calls.append((qid, *(client.send(addr, code, _to_broker({"topic": topic, "queueId": qid},
                                                                       broker_name), timeout=timeout)
                                  for code in (GET_MIN_OFFSET, GET_MAX_OFFSET))))
-        for qid, low, high in calls:
-            out[qid] = QueueStats(int(client.answer(low).ext_fields["offset"]),
-                                  int(client.answer(high).ext_fields["offset"]), 0)
+            if len(calls) >= OFFSETS_WINDOW:
+                take()
+        while calls:
+            take()
     finally:
         for _, low, high in calls:        # (after a failure: answers nobody waits for)
             low.cancel()

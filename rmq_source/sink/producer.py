@@ -31,6 +31,7 @@ from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqRemotingConnecti
                                RmqUnknownTopicError)
 from rmq_source.remote import requests as rq
 from rmq_source.remote.client import RemotingClient, ask_namesrvs
+from rmq_source.remote.proxy import SENDS_IN_FLIGHT, routes_through_proxy
 from rmq_source.sink.columns import Outgoing
 from rmq_source.sink.options import SinkOptions
 from rmq_source.sink.routing import PublishQueue, hash_index, publish_queues
@@ -158,6 +159,7 @@ class TaskProducer:
         self._buffered = 0                   # bytes of messages added and not yet acknowledged
         self._buffer_limit = max(opts.batch_bytes * (2 * opts.max_in_flight + 2), 8 << 20)
         self._avoid: dict[str, float] = {}   # broker -> monotonic time until free sends avoid it
+        self._max_in_flight = opts.max_in_flight   # (fewer through a Proxy: see _topic)
 
     # -- routes ---------------------------------------------------------------------------------
     def _topic(self, topic: str, *, refresh: bool = False) -> _Topic:
@@ -169,6 +171,12 @@ class TaskProducer:
         route = fetch_route(self.client, self.opts, topic)
         queues = publish_queues(topic, route)
         fresh = _Topic(queues, route.master_addrs(), time.monotonic(), queues)
+        if (self._max_in_flight > SENDS_IN_FLIGHT
+                and routes_through_proxy(self.opts.namesrv_addrs, fresh.masters)):
+            log.info("topic %s is routed through a RocketMQ 5 Proxy: at most %d sends in flight "
+                     "(maxInFlight %d), as it drops answers it cannot write at once", topic,
+                     SENDS_IN_FLIGHT, self.opts.max_in_flight)
+            self._max_in_flight = SENDS_IN_FLIGHT
         if state is not None:
             fresh.cursor, fresh.free, fresh.pinned = state.cursor, state.free, state.pinned
         self._topics[topic] = fresh
@@ -293,7 +301,7 @@ class TaskProducer:
         """Send the head batch of ready lanes while fewer than maxInFlight are in flight."""
         now = time.monotonic()
         waiting = []
-        while self._ready and len(self._in_flight) < self.opts.max_in_flight:
+        while self._ready and len(self._in_flight) < self._max_in_flight:
             lane = self._ready.popleft()
             lane.queued = False
             if lane.busy or not lane.closed:
