@@ -817,11 +817,13 @@ class Cluster:
             pass
 
     def create_topic(self, client, topic: str, queues: int, *, broker: str = "broker-a",
-                     timeout: float = 30.0) -> None:
+                     timeout: float = 30.0, attributes: dict | None = None) -> None:
         """Create ``topic`` with ``queues`` queues on ``broker`` through ``client`` (ACL-signed when
-        it is) and wait until the NameServer routes it."""
+        it is; ``attributes``: see :func:`rmq_source.remote.requests.create_topic`) and wait
+        until the NameServer routes it."""
         from rmq_source.remote import requests as rq
-        rq.create_topic(client, self.brokers[broker].addr, topic, read_queues=queues)
+        rq.create_topic(client, self.brokers[broker].addr, topic, read_queues=queues,
+                        attributes=attributes)
         deadline = time.monotonic() + timeout
         while not rq.topic_route(client, self.namesrv_addr, topic).queue_datas:
             if time.monotonic() > deadline:

@@ -308,6 +308,30 @@ def test_a_sink_write_through_the_proxy_reads_back(spark, rocketmq, proxy, names
     assert {r.topic for r in back} == {name}
 
 
+@pytest.mark.parametrize("message_type", [None, "DELAY"], ids=["normal-topic", "delay-topic"])
+def test_delayed_rows_through_the_proxy_need_a_delay_topic(spark, rocketmq, proxy, message_type):
+    """The Proxy checks a message's type against the topic's ``message.type`` (NORMAL unless
+    set): delayed rows to an ordinary topic are refused, naming both types; to a DELAY topic
+    they are written and arrive."""
+    from rmq_source.errors import RmqSendError
+    name = f"ProxyDelay_{uuid.uuid4().hex[:8]}"
+    with RemotingClient(timeout=15) as client:
+        rocketmq.create_topic(client, name, QUEUES,
+                              attributes={"message.type": message_type} if message_type else None)
+    bodies = [f"d-{i}".encode() for i in range(6)]
+    w = (spark.createDataFrame([(b, 1) for b in bodies], "body binary, delayTimeLevel int")
+         .write.format("rmq").mode("append").option("namesrvAddr", proxy.addr).option("topic", name)
+         .option("requestRetries", "0"))
+    if message_type is None:
+        with raises_rmq(RmqSendError, "expected type is NORMAL, but actual type is DELAY") as info:
+            w.save()
+        assert proxy.addr in info.text, info.text
+        return
+    w.save()
+    _wait_for("the delayed rows never arrived",
+              lambda: sorted(_bodies(_read(spark, proxy.addr, name))) == bodies, timeout=60)
+
+
 def _stream(spark, namesrv, topic, group, tmp_path, **options):
     return (spark.readStream.format("rmq")
             .options(namesrvAddr=namesrv, topic=topic, consumerGroup=group, startingOffsets="earliest",

@@ -226,12 +226,17 @@ def queue_offsets(client: RemotingClient, addr: str, topic: str, queue_ids: Iter
 
 def create_topic(client: RemotingClient, broker: str, topic: str, *, read_queues: int = 4,
                  write_queues: int | None = None, perm: int = 6, order: bool = False,
-                 timeout: float | None = None) -> None:
-    client.invoke(broker, UPDATE_AND_CREATE_TOPIC, {
+                 attributes: Mapping[str, str] | None = None, timeout: float | None = None) -> None:
+    """UPDATE_AND_CREATE_TOPIC; ``attributes`` (5.x) as mqadmin's ``-a +key=value``, e.g.
+    ``{"message.type": "DELAY"}``."""
+    fields = {
         "topic": topic, "defaultTopic": DEFAULT_TOPIC, "readQueueNums": read_queues,
         "writeQueueNums": write_queues if write_queues is not None else read_queues, "perm": perm,
         "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": "true" if order else "false",
-    }, timeout=timeout)
+    }
+    if attributes:
+        fields["attributes"] = ",".join(f"+{k}={v}" for k, v in attributes.items())
+    client.invoke(broker, UPDATE_AND_CREATE_TOPIC, fields, timeout=timeout)
 
 
 # ------------------------------------------------------------------ send
