@@ -411,7 +411,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed broker test prints the server log tails (the logs stay in the session's tmp dir)."""
+    """A failed broker test prints the server log tails, a Proxy's too (the logs stay in the
+    session's tmp dir)."""
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed:
@@ -419,6 +420,10 @@ def pytest_runtest_makereport(item, call):
         if isinstance(cluster, rocketmq_cluster.Cluster):
             report.sections.append(("RocketMQ server logs", f"workdir {cluster.workdir}\n"
                                     + cluster.log_tails()))
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, rocketmq_cluster.Proxy):       # (fixtures proxy, acl_proxy, ...)
+                report.sections.append((f"RocketMQ Proxy logs ({name})",
+                                        f"workdir {value.workdir}\n" + value.log_tails()))
 
 
 # ----------------------------------------------------------------------------- loopback only
