@@ -154,6 +154,37 @@ def test_silent_nameservers_do_not_make_a_master_away():
     assert backend._masters["broker-a"] == MASTER
 
 
+def test_silent_nameservers_leave_the_last_route_standing():
+    """A planning while no NameServer answers goes on with the topic's last route (RocketMQ's
+    clients keep theirs); a topic never routed raises, one known not to exist stays unknown."""
+    from rmq_source.errors import RmqUnknownTopicError
+    backend = _backend(_Cluster(True, {}))
+    route = rq.TopicRoute([{"brokerName": "broker-a", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}],
+                          [{"brokerName": "broker-a", "brokerAddrs": {"0": MASTER}}])
+    answers = {"T": route, "Gone": RmqBrokerError("no route", code=rq.TOPIC_NOT_EXIST)}
+    silent = [False]
+
+    def ask(what, call):
+        if silent[0]:
+            raise RmqRemotingConnectionError(f"{what}: no NameServer answered")
+        answer = answers[what.split("'")[1]]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+    backend._ask_namesrv = ask
+    assert backend.queues_for_topics(["T"]) == [MessageQueue("T", "broker-a", q) for q in range(2)]
+    with pytest.raises(RmqUnknownTopicError):
+        backend.route("Gone")
+    silent[0] = True
+    assert backend.queues_for_topics(["T"]) == [MessageQueue("T", "broker-a", q) for q in range(2)]
+    with pytest.raises(RmqUnknownTopicError):
+        backend.route("Gone")
+    with pytest.raises(RmqRemotingConnectionError, match="no NameServer answered"):
+        backend.route("Never")
+    silent[0] = False
+    assert backend.route("T") is route and "T" not in backend._routes_stale
+
+
 MQ = MessageQueue("T", "broker-a", 0)
 
 

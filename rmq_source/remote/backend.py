@@ -165,6 +165,9 @@ class ClusterBackend(Backend):
         # brokerName -> the topics asked about there (broker lookups through a Proxy)
         self._topics_of: dict[str, dict[str, None]] = {}
         self._unpiped: set[str] = set()   # addresses that left a pull sent ahead unanswered
+        # topic -> its last route (None: the NameServers said it does not exist), for outages
+        self._routes: dict[str, rq.TopicRoute | None] = {}
+        self._routes_stale: set[str] = set()   # topics routed from _routes now (warned)
 
     # -- NameServer ----------------------------------------------------------------------------
     def _ask_namesrv(self, what: str, call):
@@ -188,17 +191,41 @@ class ClusterBackend(Backend):
             return _NOT_SERVED
 
     def route(self, topic: str) -> rq.TopicRoute:
+        """``topic``'s route as the NameServers give it now. While none answers (restarting; a
+        Proxy restarting) the last route this backend was given stands in, as RocketMQ's
+        clients keep theirs: a planning during the outage goes on with it (warned once per
+        outage); with no earlier route the NameServers' error is raised."""
+        unknown = (f"option topic: {topic!r} is not in {self.where()}; the NameServer has no "
+                   "route for it")
         try:
             route = self._ask_namesrv(f"route of topic {topic!r}",
                                       lambda a: rq.topic_route(self.client, a, topic))
         except RmqBrokerError as exc:
             if exc.code == rq.TOPIC_NOT_EXIST:
-                raise RmqUnknownTopicError(
-                    f"option topic: {topic!r} is not in {self.where()}; the NameServer has no "
-                    "route for it") from None
+                with self._mutex:
+                    self._routes[topic] = None
+                    self._routes_stale.discard(topic)
+                raise RmqUnknownTopicError(unknown) from None
             raise
+        except _UNREACHABLE as exc:
+            with self._mutex:
+                if topic not in self._routes:
+                    raise
+                last = self._routes[topic]
+                first = topic not in self._routes_stale
+                self._routes_stale.add(topic)
+            if first:
+                log.warning("route of topic %r: %s; going on with the last route until a "
+                            "NameServer answers again", topic, exc)
+            if last is None:
+                raise RmqUnknownTopicError(unknown) from None
+            return last
         masters, nodes = route.master_addrs(), route.nodes()
         with self._mutex:
+            self._routes[topic] = route
+            if topic in self._routes_stale:
+                self._routes_stale.discard(topic)
+                log.warning("route of topic %r: the NameServers answer again", topic)
             self._masters.update(masters)
             self._nodes.update(nodes)
             for name in set(nodes) - set(masters):      # routed by its slaves alone
