@@ -194,7 +194,30 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--json", action="store_true",
                     help="one JSON object per message, as print --json")
     se.add_argument("--no-progress", action="store_true", help="no progress bar during a scan")
+    for command in (top, pr, lag, rs, se):
+        command.add_argument("--namespace", default=None, metavar="NS",
+                             help="the client namespace (the data source's namespace option): "
+                             "--topic T and --group G are NS%%T and NS%%G on the brokers, and "
+                             "topics are shown without NS%% (topics lists only NS's)")
     return parser
+
+
+def _apply_namespace(args) -> None:
+    """--namespace: checked as the option is, then --topic and --group wrapped in it."""
+    from rmq_source.namespace import wrap
+    from rmq_source.spark.option_values import namespace_option
+    if getattr(args, "namespace", None) is None:
+        return
+    args.namespace = namespace_option("--namespace", args.namespace)
+    for attr in ("topic", "group"):
+        if getattr(args, attr, None) is not None:
+            setattr(args, attr, wrap(args.namespace, getattr(args, attr)))
+
+
+def _shown(args, name: str) -> str:
+    """A topic or group as a client of --namespace names it (as stored without one)."""
+    from rmq_source.namespace import unwrap
+    return unwrap(getattr(args, "namespace", None), name)
 
 
 # ------------------------------------------------------------------------------------- generate
@@ -259,13 +282,19 @@ def _topics(args) -> int:
     from rmq_source.store.backend import StoreBackend
 
     backend = _live_backend(args) or StoreBackend({args.broker_name: os.path.abspath(args.store)})
-    mqs = backend.queues_for_topics([args.topic] if args.topic is not None else sorted(backend.topics()))
+    if args.topic is not None:
+        topics = [args.topic]
+    else:
+        from rmq_source.namespace import has_namespace
+        topics = sorted(t for t in backend.topics()
+                        if args.namespace is None or has_namespace(t, args.namespace))
+    mqs = backend.queues_for_topics(topics)
     infos = backend.infos(mqs)
     live = args.namesrv is not None      # a cluster has several brokers: name them
     if args.json:
         for mq in mqs:
             q = infos[mq]
-            row = {"topic": q.topic, **({"brokerName": mq.broker_name} if live else {}),
+            row = {"topic": _shown(args, q.topic), **({"brokerName": mq.broker_name} if live else {}),
                    "queueId": q.queue_id, "minOffset": q.min_offset, "maxOffset": q.max_offset}
             print(json.dumps(row, ensure_ascii=False))
         return EXIT_OK
@@ -273,23 +302,23 @@ def _topics(args) -> int:
         print(f"no topics in {args.store or args.namesrv}")
         return EXIT_OK
     if live:
-        rows = [(mq.topic, mq.broker_name, mq.queue_id, infos[mq].min_offset, infos[mq].max_offset,
+        rows = [(_shown(args, mq.topic), mq.broker_name, mq.queue_id, infos[mq].min_offset, infos[mq].max_offset,
                  infos[mq].max_offset - infos[mq].min_offset) for mq in mqs]
         print("\n".join(table_lines(("TOPIC", "BROKER", "QUEUE", "MIN", "MAX", "MESSAGES"), rows,
                                      left=2)))
         return EXIT_OK
-    width = max(len("TOPIC"), *(len(mq.topic) for mq in mqs))
+    width = max(len("TOPIC"), *(len(_shown(args, mq.topic)) for mq in mqs))
     print(f"{'TOPIC':<{width}}  {'QUEUE':>5}  {'MIN':>12}  {'MAX':>12}  {'MESSAGES':>12}")
     for mq in mqs:
         q = infos[mq]
-        print(f"{q.topic:<{width}}  {q.queue_id:>5}  {q.min_offset:>12}  {q.max_offset:>12}  "
+        print(f"{_shown(args, q.topic):<{width}}  {q.queue_id:>5}  {q.min_offset:>12}  {q.max_offset:>12}  "
               f"{q.max_offset - q.min_offset:>12}")
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------- print
 
-def _rows(batch):
+def _rows(batch, args=None):
     """Rows of a RecordBatch as dicts; timestamps as epoch ms, everything else as Python values."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -301,7 +330,10 @@ def _rows(batch):
             col = pc.divide(col.cast(pa.int64()), 1000)
         columns[name] = col.to_pylist()
     for i in range(batch.num_rows):
-        yield {name: values[i] for name, values in columns.items()}
+        row = {name: values[i] for name, values in columns.items()}
+        if "topic" in row:
+            row["topic"] = _shown(args, row["topic"])
+        yield row
 
 
 def _json_row(row: dict) -> str:
@@ -346,7 +378,7 @@ def _print(args) -> int:
                 continue
             for batch in store.iter_batches(args.topic, qid, start, end,
                                             subscription=args.sub_expression):
-                for row in _rows(batch):
+                for row in _rows(batch, args):
                     out.write((_json_row(row) if args.json else _human_row(row)) + "\n")
     return EXIT_OK
 
@@ -496,7 +528,7 @@ def _lag(args) -> int:
     lags = group_lag(backend, args.group, topics) if topics else []
     if args.json:
         for q in lags:
-            print(json.dumps({"topic": q.topic, "brokerName": q.broker_name, "queueId": q.queue_id,
+            print(json.dumps({"topic": _shown(args, q.topic), "brokerName": q.broker_name, "queueId": q.queue_id,
                               "brokerOffset": q.broker_offset, "consumerOffset": q.consumer_offset,
                               "diff": q.diff, "lastTimestamp": q.last_timestamp},
                              ensure_ascii=False))
@@ -505,11 +537,12 @@ def _lag(args) -> int:
         print(f"group {args.group!r} has no offsets on broker {args.broker_name!r} (offset store "
               f"{path}, {root}/config/consumerOffset.json); give --topic T to see a topic's backlog")
         return EXIT_OK
-    print("\n".join(lag_lines(lags)))
+    import dataclasses
+    print("\n".join(lag_lines([dataclasses.replace(q, topic=_shown(args, q.topic)) for q in lags])))
     return EXIT_OK
 
 
-def _parse_offsets(text: str, topic: str, broker: str) -> dict:
+def _parse_offsets(text: str, topic: str, broker: str, namespace: str | None = None) -> dict:
     """``--offsets``: {"queueId": offset} or {topic: {broker: {"queueId": offset}}} ->
     {MessageQueue: offset}; offsets >= 0, or -2 (earliest) / -1 (latest)."""
     from rmq_source.group.allocation import MessageQueue
@@ -524,6 +557,9 @@ def _parse_offsets(text: str, topic: str, broker: str) -> dict:
     if not isinstance(obj, dict) or not obj:
         raise RmqOptionError(f"--offsets must be a non-empty JSON object; {expected}")
     if all(isinstance(v, dict) for v in obj.values()):
+        if namespace is not None:           # (the topic as the user names it, or as stored)
+            from rmq_source.namespace import wrap
+            obj = {wrap(namespace, t): v for t, v in obj.items()}
         if set(obj) != {topic}:
             others = ", ".join(repr(t) for t in obj if t != topic)
             raise RmqOptionError(f"--offsets names topic(s) {others or 'none'}, but reset-offset "
@@ -569,7 +605,7 @@ def _reset(args) -> int:
     if args.offsets is not None:
         if path is None:
             raise RmqOptionError("--offsets applies to STORE; with --namesrv use --timestamp or --to")
-        offsets = _parse_offsets(args.offsets, args.topic, args.broker_name)
+        offsets = _parse_offsets(args.offsets, args.topic, args.broker_name, args.namespace)
     _check_topic(backend, args)
     mqs = backend.queues_for_topics([args.topic])
     try:
@@ -595,11 +631,15 @@ def _reset(args) -> int:
                           offsets=offsets)
     if args.json:
         for mq, value in sorted(written.items()):
-            print(json.dumps({"topic": mq.topic, "brokerName": mq.broker_name,
+            print(json.dumps({"topic": _shown(args, mq.topic), "brokerName": mq.broker_name,
                               "queueId": mq.queue_id, "previousOffset": before.get(mq, -1),
                               "offset": value}, ensure_ascii=False))
         return EXIT_OK
-    print("\n".join(reset_lines(before, written)))
+    from rmq_source.group.allocation import MessageQueue
+    def view(mq):
+        return MessageQueue(_shown(args, mq.topic), mq.broker_name, mq.queue_id)
+    print("\n".join(reset_lines({view(mq): v for mq, v in before.items()},
+                                 {view(mq): v for mq, v in written.items()})))
     print(f"reset consumer group {args.group!r} on topic {args.topic!r}: {len(written)} queues "
           f"written to {group_store.file_path(args.broker_name) if path else 'the brokers'}")
     return EXIT_OK
@@ -632,7 +672,7 @@ def _search(args) -> int:
                                 method=args.method, hash_slots=args.hash_slots,
                                 index_num=args.index_num, on_progress=progress)
             for batch in found.rows.to_batches():
-                for row in _rows(batch):
+                for row in _rows(batch, args):
                     sys.stdout.write((_json_row(row) if args.json else _human_row(row)) + "\n")
     finally:
         if bar is not None:
@@ -666,6 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        _apply_namespace(args)
         return _COMMANDS[args.command](args)
     except _UsageError as exc:
         print(f"{PROG}: usage error: {exc} (see {PROG} --help)", file=sys.stderr)

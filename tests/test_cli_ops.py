@@ -5,6 +5,7 @@ and a writable copy of the RocketMQ 4.9.3 fixture (index files, the broker's con
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -442,3 +443,35 @@ def test_queues_are_named_one_way_in_human_output(written, args, code, stream, n
     assert all(n in text for n in names), text
     if code == 2:
         assert "its queues: 0, 1, 2, 3" in text
+
+
+# ------------------------------------------------------------------------------------ namespace
+
+def test_namespace_names_topics_and_groups_as_its_clients_do(tmp_path):
+    """--namespace NS: --topic T and --group G are NS%T and NS%G in the store (as the data
+    source's namespace option names them); topics lists NS's topics only, every output shows
+    them without NS%; the offsets JSON may name the topic either way."""
+    from rmq_source.store.writer import StoreWriter
+    root = tmp_path / "store"
+    with StoreWriter(str(root), broker_name="broker-a") as writer:
+        for topic in ("ns1%Orders", "Orders", "ns2%Orders"):
+            writer.create_topic(topic, 2)
+            for i in range(6):
+                writer.append(topic, f"{topic}-{i}".encode(), tags="t")
+    ns = ("--namespace", "ns1")
+    assert [(r["topic"], r["queueId"], r["maxOffset"]) for r in
+            json_lines(ok("topics", root, "--json", *ns).stdout)] == [("Orders", 0, 3), ("Orders", 1, 3)]
+    rows = json_lines(ok("print", root, "--topic", "Orders", "--json", *ns).stdout)
+    assert sorted(base64.b64decode(r["body"]).decode() for r in rows) == [
+        f"ns1%Orders-{i}" for i in range(6)] and {r["topic"] for r in rows} == {"Orders"}
+    for offsets in ('{"Orders": {"broker-a": {"0": 2}}}', '{"ns1%Orders": {"broker-a": {"1": 1}}}'):
+        out = ok("reset-offset", root, "--group", "G", "--topic", "Orders", "--offsets", offsets, *ns)
+        assert "on topic 'ns1%Orders'" in out.stdout, out.stdout
+    stored = json_lines(ok("lag", root, "--group", "ns1%G", "--topic", "ns1%Orders", "--json").stdout)
+    assert [(r["topic"], r["queueId"], r["consumerOffset"]) for r in stored] == [
+        ("ns1%Orders", 0, 2), ("ns1%Orders", 1, 1)]
+    shown = json_lines(ok("lag", root, "--group", "G", "--json", *ns).stdout)
+    assert [(r["topic"], r["consumerOffset"]) for r in shown] == [("Orders", 2), ("Orders", 1)]
+    assert "Orders" in ok("lag", root, "--group", "G", *ns).stdout
+    bad = run("topics", root, "--namespace", "a%b")
+    assert bad.returncode == 2 and "--namespace" in bad.stderr, bad.stderr
