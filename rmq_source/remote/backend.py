@@ -65,6 +65,7 @@ from rmq_source.subscription import Subscription
 PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
 PULLS_IN_FLIGHT = 4
+UNPIPED_S = 300.0        # pulls one at a time this long to an address that left one unanswered
 MAX_BACKOFF_S = 8.0
 OUTAGE_POLL_S = 2.0     # a task waiting for a broker away beyond the retries asks this often
 OUTAGE_LOG_S = 15.0     # and says so this often
@@ -164,7 +165,9 @@ class ClusterBackend(Backend):
         self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
         # brokerName -> the topics asked about there (broker lookups through a Proxy)
         self._topics_of: dict[str, dict[str, None]] = {}
-        self._unpiped: set[str] = set()   # addresses that left a pull sent ahead unanswered
+        # address -> until when (monotonic) its pulls go one at a time: it left one sent ahead
+        # unanswered
+        self._unpiped: dict[str, float] = {}
         # topic -> its last route (None: the NameServers said it does not exist), for outages
         self._routes: dict[str, rq.TopicRoute | None] = {}
         self._routes_stale: set[str] = set()   # topics routed from _routes now (warned)
@@ -794,21 +797,21 @@ class ClusterBackend(Backend):
         :meth:`_unanswered`)."""
         with self._mutex:
             routed = {b: a for b, a in self._masters.items() if a == addr}
-        return (addr in self._unpiped
+        return (self._unpiped.get(addr, 0.0) > time.monotonic()
                 or routes_through_proxy(self.spec.namesrv_addrs, routed or {"": addr})
                 or not self.client.serves(addr, rq.GET_TOPIC_STATS_INFO)
                 or not all(self.client.serves(n, rq.GET_BROKER_CLUSTER_INFO)
                            for n in self.spec.namesrv_addrs))
 
     def _unanswered(self, addr: str, in_flight: int, exc: BaseException) -> None:
-        """A pull to ``addr`` timed out while ``in_flight`` > 1 were ahead: from now on one at a
-        time there (an answer dropped by a Proxy in front of the broker looks like this)."""
-        if (addr is not None and in_flight > 1 and isinstance(exc, RmqRemotingTimeoutError)
-                and addr not in self._unpiped):
-            self._unpiped.add(addr)
+        """A pull to ``addr`` timed out while ``in_flight`` > 1 were ahead: one at a time there
+        for :data:`UNPIPED_S` (an answer dropped by a Proxy in front of the broker looks like
+        this; so does a broker that stalled, which gets its pipelining back afterwards)."""
+        if addr is not None and in_flight > 1 and isinstance(exc, RmqRemotingTimeoutError):
+            self._unpiped[addr] = time.monotonic() + UNPIPED_S
             log.warning("%s left a pull unanswered with %d in flight (%s); pulls go there one at "
-                        "a time from now on (a RocketMQ 5 Proxy drops answers it cannot write "
-                        "at once)", addr, in_flight, exc.reason)
+                        "a time for %.0f s (a RocketMQ 5 Proxy drops answers it cannot write at "
+                        "once)", addr, in_flight, exc.reason, UNPIPED_S)
 
     def _native_pulls(self, mq: MessageQueue, start: int, end: int, sub: Subscription, template,
                       max_rows: int, max_bytes: int):
