@@ -245,3 +245,44 @@ def test_a_queue_another_client_took_is_left_out_not_failed(rocketmq, topic, tmp
             rq.unlock_batch(other, addr, group, "zz-taker", [(topic, "broker-a", 1)])
     finally:
         session.stop()
+
+
+def test_mqadmin_consumer_status_shows_a_running_query(spark, rocketmq, topic, tmp_path):
+    """The broker asks the running query for its running info (GET_CONSUMER_RUNNING_INFO) when
+    an operator runs ``mqadmin consumerStatus``: its properties, subscription, and per queue the
+    offset it committed and its lock (the other questions: test_running_info.py)."""
+    group = f"LiveStatus_{uuid.uuid4().hex[:6]}"
+    broker = rocketmq.brokers["broker-a"]
+    q = (spark.readStream.format("rmq")
+         .options(namesrvAddr=rocketmq.namesrv_addr, topic=topic, consumerGroup=group,
+                  clientId=SPARK_ID, startingOffsets="earliest", subExpression="t || u",
+                  groupStatePath=str(tmp_path / "state"), lockRenewIntervalMs="1000")
+         .load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "chk"))
+         .trigger(processingTime="300 milliseconds").start())
+    try:
+        deadline = time.monotonic() + 120
+        with RemotingClient(timeout=15) as client:
+            # (the last batch is committed at the next planning)
+            while _progress(client, broker.addr, topic, group) != {i: PER_QUEUE for i in range(QUEUES)}:
+                assert q.exception() is None, q.exception()
+                assert time.monotonic() < deadline, _progress(client, broker.addr, topic, group)
+                time.sleep(0.3)
+        report = rocketmq.mqadmin("consumerStatus", "-g", group, "-i", SPARK_ID)
+        props = dict(line.split(":", 1) for line in report.split("#Consumer Subscription#")[0]
+                     .splitlines() if ":" in line and not line.startswith("#"))
+        props = {k.strip(): v.strip() for k, v in props.items()}
+        assert props["clientId"] == SPARK_ID and props["PROP_CONSUMEORDERLY"] == "true", report
+        assert props["PROP_NAMESERVER_ADDR"] == rocketmq.namesrv_addr, props
+        assert f"Topic: {topic}" in report and "SubExpression: t || u" in report, report
+        offsets = [line.split() for line in report.split("#Consumer Offset#")[1]
+                   .split("#Consumer MQ Detail#")[0].splitlines() if line.startswith(topic)]
+        assert sorted((int(r[2]), int(r[3])) for r in offsets) == [
+            (i, PER_QUEUE) for i in range(QUEUES)], report
+        detail = report.split("#Consumer MQ Detail#")[1]
+        assert sum("locked=true" in line for line in detail.splitlines()
+                   if line.startswith(topic)) == QUEUES, report
+        assert "SubExpression: *" in report      # (its %RETRY% topic, read whole)
+        listing = rocketmq.mqadmin("consumerStatus", "-g", group)
+        assert any(line.split()[:2] == ["1", SPARK_ID] for line in listing.splitlines()), listing
+    finally:
+        q.stop()

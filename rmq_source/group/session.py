@@ -142,7 +142,7 @@ class GroupSession:
         self.locked_at_ms = 0
 
     # -- background renewal ----------------------------------------------------------------
-    def _held_now(self) -> list[MessageQueue]:
+    def held_now(self) -> list[MessageQueue]:
         with self._mutex:
             return sorted(self._held)
 
@@ -161,7 +161,7 @@ class GroupSession:
                     self._drop_refused({mq for mq in requested
                                         if mq not in granted and mq.broker_name not in away})
                 self._tick_membership()
-            self._renewer = LockRenewer(self.locks, self.client_id, self._held_now,
+            self._renewer = LockRenewer(self.locks, self.client_id, self.held_now,
                                         self.opts.lock_renew_interval_ms, acquire=False,
                                         on_result=on_result)
             self._renewer.start()
@@ -195,7 +195,7 @@ class GroupSession:
         if self._renewer is not None:
             self._renewer.stop()
             self._renewer = None
-        held = self._held_now()
+        held = self.held_now()
         if held and self.orderly:
             self.view.unlock(held)
         with self._mutex:

@@ -1051,16 +1051,21 @@ class ClusterBackend(Backend):
         from rmq_source.group.session import GroupSession
         from rmq_source.remote.locks import BrokerLockManager
         from rmq_source.remote.membership import BrokerMembership
+        from rmq_source.remote.running_info import MemberAnswers
         membership = BrokerMembership(self, opts.consumer_group, opts.client_id,
                                       subscription=opts.subscription.expression,
                                       expression_type=opts.subscription.expression_type,
                                       consume_from_where=opts.consume_from_where,
                                       heartbeat_timeout_ms=opts.lock_lease_ms)
         membership.subscribe(opts.topics or ())
-        return GroupSession(opts, strategy, offset_store, state_dir=opts.group_state_path,
-                            membership=membership,
-                            locks=BrokerLockManager(self, opts.consumer_group, lease_ms=opts.lock_lease_ms),
-                            keep_own_progress=True)
+        session = GroupSession(opts, strategy, offset_store, state_dir=opts.group_state_path,
+                               membership=membership,
+                               locks=BrokerLockManager(self, opts.consumer_group,
+                                                       lease_ms=opts.lock_lease_ms),
+                               keep_own_progress=True)
+        # the brokers' questions for mqadmin and the Dashboard, asked over the member's connections
+        membership.client.on_request = MemberAnswers(session, opts).serve
+        return session
 
     def group_topics(self, group: str) -> set[str]:
         raise RmqOptionError("listing a group's topics on the brokers is not supported yet; name "

@@ -1,0 +1,60 @@
+"""The answers a group query gives to the questions brokers relay from operators' tools
+(rmq_source.remote.running_info), without servers; mqadmin consumerStatus against real brokers:
+test_live_group.py."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.remote import fastjson
+from rmq_source.remote.frames import RemotingCommand
+from rmq_source.remote.running_info import MemberAnswers
+from rmq_source.subscription import Subscription
+
+A0, A1, R0 = MessageQueue("T", "broker-a", 0), MessageQueue("T", "broker-a", 1), MessageQueue("%RETRY%G", "broker-a", 0)
+
+
+def _answers():
+    session = types.SimpleNamespace(orderly=True, own_progress={A0: 7, R0: 0}, allocated={A0, A1, R0},
+                                    locked_at_ms=1234, held_now=lambda: [A0])
+    opts = types.SimpleNamespace(consumer_group="G", client_id="spark-1", namesrv_addrs=("127.0.0.1:9876",),
+                                 allocate_strategy="AVG", consume_from_where="CONSUME_FROM_LAST_OFFSET",
+                                 subscription=Subscription.parse("a || b"), topics=("T",))
+    return MemberAnswers(session, opts)
+
+
+def _ask(code, **fields):
+    return _answers().serve(RemotingCommand(code, {k: str(v) for k, v in fields.items()}))
+
+
+def test_running_info_is_the_java_clients_form():
+    answer = _ask(307, consumerGroup="G", clientId="spark-1")
+    assert answer.code == 0
+    info = fastjson.loads(answer.body)
+    table = {(dict(k)["topic"], dict(k)["queueId"]): v for k, v in info["mqTable"].items()}
+    assert {k: (v["commitOffset"], v["locked"]) for k, v in table.items()} == {
+        ("T", 0): (7, True), ("T", 1): (-1, False), ("%RETRY%G", 0): (0, False)}
+    assert table[("T", 0)]["lastLockTimestamp"] == 1234
+    subs = {s["topic"]: (s["subString"], sorted(s["tagsSet"])) for s in info["subscriptionSet"]}
+    assert subs == {"T": ("a || b", ["a", "b"]), "%RETRY%G": ("*", [])}
+    assert info["properties"]["clientId"] == "spark-1"
+    assert info["properties"]["PROP_CONSUMEORDERLY"] == "true"
+    assert set(info["statusTable"]) == {"T", "%RETRY%G"}
+
+
+@pytest.mark.parametrize("code, fields, result, text", [
+    (307, {"consumerGroup": "Other"}, 1, "The Consumer Group <Other> not exist in this consumer"),
+    (309, {"consumerGroup": "G", "msgId": "x"}, 1, "micro-batches"),
+    (221, {"group": "G", "topic": "T"}, 0, '"messageQueueTable":{{"brokerName":"broker-a","queueId":0,"topic":"T"}:7}'),
+    (40, {"consumerGroup": "G"}, None, None),            # oneway: nothing to answer
+    (220, {"group": "G"}, None, None),                   # answered "not supported" by the client
+], ids=["other-group", "consume-directly", "status", "ids-changed", "reset"])
+def test_the_other_questions(code, fields, result, text):
+    answer = _ask(code, **fields)
+    if result is None:
+        assert answer is None
+        return
+    assert answer.code == result
+    assert text in (answer.remark or answer.body.decode())
