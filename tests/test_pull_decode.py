@@ -180,7 +180,7 @@ def test_pulls_in_flight_follow_answers_that_come_short():
 
             # a stand-in answer: how many messages it holds (brokers are the judge elsewhere)
             backend._send_pull = send
-            backend._answer = lambda mq, asked, call, slave: min(call.count, cap)
+            backend._answer = lambda mq, asked, call, slave, in_flight=1: min(call.count, cap)
             backend._pull = lambda mq, offset, count, sub: pytest.fail("no pull needs a retry")
             gen = backend._python_pulls(MessageQueue("T", "b", 0), 0, end, Subscription.parse("*"))
             offsets, offset = [], 0
