@@ -52,7 +52,9 @@ SINK_OPTION_DOCS: dict[str, tuple[str, str]] = {
     "batchBytes": ("1048576", "At most this many encoded bytes in one batch request (a single "
                               "larger message goes alone). At most maxMessageBytes."),
     "maxInFlight": ("8", "Send requests a task has in flight at once, each to another queue (a "
-                         "queue has one at a time, so its messages keep their order)."),
+                         "queue has one at a time, so its messages keep their order). Through "
+                         "a RocketMQ 5 Proxy at most 64 (it drops answers it cannot write at "
+                         "once; docs/semantics.md)."),
     "maxMessageBytes": (str(BROKER_MAX_MESSAGE_SIZE),
                         "The largest message body accepted (the broker's maxMessageSize, 4 MiB "
                         "by default): a larger body fails its row before anything is sent."),
