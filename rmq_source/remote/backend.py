@@ -54,7 +54,7 @@ from rmq_source.group.retry import is_retry_topic, retry_topic
 from rmq_source.remote import native_pull
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
-from rmq_source.remote.proxy import routes_through_proxy
+from rmq_source.remote.proxy import is_proxy_addr
 from rmq_source.remote.timestamps import first_at_or_after
 from rmq_source.remote.tls import TlsConfig
 from rmq_source.remote.client import RemotingClient, ask_namesrvs, auth_error, check, is_auth_failure
@@ -791,14 +791,14 @@ class ClusterBackend(Backend):
 
     def _proxied(self, addr: str) -> bool:
         """Whether ``addr`` is known to be a RocketMQ 5 Proxy: routed as one
-        (:func:`routes_through_proxy`: a NameServer address, or the master of several brokers),
-        an address that does not serve GET_TOPIC_STATS_INFO, one routed by NameServers that do
-        not serve cluster info (Proxies), or one that left a pull sent ahead unanswered (learnt:
+        (:func:`is_proxy_addr`: a NameServer address, or the master of several brokers), an
+        address that does not serve GET_TOPIC_STATS_INFO, one routed by NameServers that do not
+        serve cluster info (Proxies), or one that left a pull sent ahead unanswered (learnt:
         :meth:`_unanswered`)."""
         with self._mutex:
-            routed = {b: a for b, a in self._masters.items() if a == addr}
+            masters = dict(self._masters)
         return (self._unpiped.get(addr, 0.0) > time.monotonic()
-                or routes_through_proxy(self.spec.namesrv_addrs, routed or {"": addr})
+                or is_proxy_addr(addr, self.spec.namesrv_addrs, masters)
                 or not self.client.serves(addr, rq.GET_TOPIC_STATS_INFO)
                 or not all(self.client.serves(n, rq.GET_BROKER_CLUSTER_INFO)
                            for n in self.spec.namesrv_addrs))

@@ -16,9 +16,15 @@ from typing import Iterable, Mapping
 SENDS_IN_FLIGHT = 64
 
 
+def is_proxy_addr(addr: str, namesrv_addrs: Iterable[str], masters: Mapping[str, str]) -> bool:
+    """Whether ``addr``, routed as the master of brokers in ``masters`` (broker name ->
+    address), is a Proxy: a NameServer address routed as a broker (a Proxy's routes name
+    itself), or the one address of several brokers (no two brokers share one)."""
+    return addr in set(namesrv_addrs) or sum(a == addr for a in masters.values()) > 1
+
+
 def routes_through_proxy(namesrv_addrs: Iterable[str], masters: Mapping[str, str]) -> bool:
-    """Whether a route's ``masters`` (broker name -> address) are a Proxy: a NameServer address
-    routed as a broker (a Proxy's routes name itself), or one address for several brokers (no
-    two brokers share one)."""
-    addrs = list(masters.values())
-    return bool(set(addrs) & set(namesrv_addrs)) or len(set(addrs)) < len(addrs)
+    """Whether a route's ``masters`` (broker name -> address) are a Proxy
+    (:func:`is_proxy_addr` of any of them)."""
+    namesrv_addrs = tuple(namesrv_addrs)
+    return any(is_proxy_addr(a, namesrv_addrs, masters) for a in set(masters.values()))
