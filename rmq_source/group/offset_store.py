@@ -158,8 +158,16 @@ class OffsetTable(abc.ABC):
         """Persisted offsets of ``mqs``; queues without one are left out."""
 
     @abc.abstractmethod
-    def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
-        """Persist ``entries`` (all of queues of ``broker``)."""
+    def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> set[MessageQueue] | None:
+        """Persist ``entries`` (all of queues of ``broker``); returns the queues whose entry the
+        keeper declined because an operator's reset of theirs is pending there (see
+        :meth:`persist`)."""
+
+    def may_have_lost(self, broker: str, written_ms: int) -> bool:
+        """Whether what this store wrote for ``broker`` at ``written_ms`` (ms since the epoch) may
+        be gone from where it persists without anyone writing over it: a broker that restarted or
+        failed over since forgets offsets it had not flushed. Files written here never do."""
+        return False
 
     # -- RocketMQ OffsetStore API --------------------------------------------------------------
 
@@ -239,11 +247,15 @@ class OffsetTable(abc.ABC):
             return dict(items)
         return {mq: offset for mq, offset in items if mq.topic == topic}
 
-    def persist(self, mqs: Iterable[Any] | None = None) -> None:
+    def persist(self, mqs: Iterable[Any] | None = None) -> set[MessageQueue]:
         """Write the memory entries of ``mqs`` (default: every entry) where they persist.
 
         Queues without a memory entry are skipped. One locked read-modify-write per broker file:
         entries of other groups, topics and queues in the file are kept as they are.
+
+        Returns the queues whose entry was declined because an operator's reset of the queue is
+        pending where it persists (a RocketMQ 5 broker resetting on the server side keeps the
+        reset until the group pulls the queue, and ignores commits meanwhile); empty otherwise.
         """
         with self._mutex:
             if mqs is None:
@@ -254,8 +266,10 @@ class OffsetTable(abc.ABC):
         by_broker: dict[str, dict[MessageQueue, int]] = {}
         for mq, offset in entries.items():
             by_broker.setdefault(mq.broker_name, {})[mq] = offset
+        declined: set[MessageQueue] = set()
         for broker in sorted(by_broker):
-            self._write_broker(broker, by_broker[broker])
+            declined |= self._write_broker(broker, by_broker[broker]) or set()
+        return declined
 
     def persist_all(self, mqs: Iterable[Any] | None = None) -> None:
         """Persist every memory entry (``mqs`` None), or RocketMQ's ``persistAll(mqs)``: persist the

@@ -77,6 +77,13 @@ def member_options(opts) -> dict[str, str]:
     return out
 
 
+def _offset_in(offsets: dict, key: str) -> int | None:
+    """The offset of the queue named ``key`` (:func:`queue_key`) in Spark offsets ``offsets``."""
+    topic, broker, queue_id = parse_queue_key(key)
+    value = offsets.get(topic, {}).get(broker, {}).get(str(queue_id))
+    return value if isinstance(value, int) else None
+
+
 def _plans_to_keep(lines: list[str]) -> set[int]:
     """Indexes of the plan lines :meth:`GroupSession._compact` keeps (see there)."""
     keep = set(range(max(0, len(lines) - _PLANS_KEEP), len(lines)))
@@ -140,11 +147,33 @@ class GroupSession:
         self._stopped = False
         #: when the locks of the queues read last were asked for (ms since the epoch; 0: never)
         self.locked_at_ms = 0
+        #: resets an operator's tool sent this client (RESET_CONSUMER_CLIENT_OFFSET), not yet applied
+        self._resets: dict[MessageQueue, tuple[int, str]] = {}
 
     # -- background renewal ----------------------------------------------------------------
     def held_now(self) -> list[MessageQueue]:
         with self._mutex:
             return sorted(self._held)
+
+    def note_reset(self, offsets: dict[MessageQueue, int], why: str) -> None:
+        """An operator reset the group's progress of ``offsets`` (a broker passed on
+        ``mqadmin resetOffsetByTime``): the next planning applies it to the queues this query
+        reads (:meth:`take_resets`); the group's other members get the same notice for theirs."""
+        with self._mutex:
+            for mq, offset in offsets.items():
+                self._resets[mq] = (offset, why)
+
+    def take_resets(self) -> dict[MessageQueue, tuple[int, str]]:
+        """The resets noted since the last call: {queue: (offset, what sent it)}."""
+        with self._mutex:
+            out, self._resets = self._resets, {}
+        return out
+
+    def let_go(self, mqs) -> None:
+        """Stop counting ``mqs`` as read by the last batch (their progress was reset: the next
+        planning moves them to the group's progress, as it does a queue another member read)."""
+        with self._mutex:
+            self._held -= set(mqs)
 
     def _tick_membership(self, *_args) -> None:
         self.membership.heartbeat()
@@ -374,8 +403,9 @@ class GroupSession:
         :meth:`first_batch_plan`).
         """
         key = plan_key(start, end)
-        rec = {"key": key, "end": plan_key(end, end), "client": self.client_id,
-               "read": sorted(queue_key(mq) for mq in read)}
+        names = sorted(queue_key(mq) for mq in read)
+        rec = {"key": key, "end": plan_key(end, end), "client": self.client_id, "read": names,
+               "from": [_offset_in(start, k) for k in names]}
         if first:
             rec["start"] = start
         self._batch_key = key
@@ -459,20 +489,27 @@ class GroupSession:
         rec = next(iter(found.values()))
         return rec["start"], self._queues_of(rec)
 
-    def reads_of_batch_ending_at(self, end: dict) -> set[MessageQueue]:
-        """After a restart: the queues the committed batch ending at ``end`` read.
+    def reads_of_batch_ending_at(self, end: dict) -> dict[MessageQueue, int | None]:
+        """After a restart: the queues the committed batch ending at ``end`` read, each with the
+        offset the batch read it from (None in plans of versions that did not record it).
 
         Plans of this client id win; a restarted query with a generated client id finds its plan
         among the others' by the end offsets (queues of every match are returned; committing them
         only moves the group forward, see :meth:`held`).
         """
         key = plan_key(end, end)
-        found: set[MessageQueue] = set()
+        found: dict[MessageQueue, int | None] = {}
         for rec in self._plans():
             if rec.get("end") == key:
+                froms = rec.get("from")
+                if not isinstance(froms, list) or len(froms) != len(rec["read"]):
+                    froms = [None] * len(rec["read"])
+                reads = {MessageQueue(*parse_queue_key(k)): (f if isinstance(f, int) else None)
+                         for k, f in zip(rec["read"], froms)}
                 if rec.get("client") == self.client_id:
-                    return self._queues_of(rec)
-                found |= self._queues_of(rec)
+                    return reads
+                for mq, f in reads.items():
+                    found[mq] = f if found.get(mq, f) == f else None
         return found
 
     def held(self) -> set[MessageQueue] | None:

@@ -331,6 +331,11 @@ class ClusterBackend(Backend):
         with self._mutex:
             return self._masters.get(broker_name) == addr
 
+    def master_addr(self, broker_name: str) -> str | None:
+        """The master of ``broker_name`` as last routed (never asks)."""
+        with self._mutex:
+            return self._masters.get(broker_name)
+
     def describe(self, broker_name: str) -> str:
         """``broker_name`` with its master's address as last routed, for messages (never asks)."""
         with self._mutex:
@@ -1015,7 +1020,16 @@ class ClusterBackend(Backend):
                         on_short_read(offset, end, f"the broker's queue ends at offset "
                                       f"{res.max_offset}, before the planned end {end}")
                         return
-                    nxt = max(res.next_begin_offset, offset)
+                    if res.code == rq.PULL_OFFSET_MOVED:
+                        # inside the queue: a 5.x broker handing over an operator's reset of the
+                        # group (it forgets it now); the batch's range is logged, so it is read
+                        # as planned and the planner follows the reset (spark/resets.py)
+                        log.info("%s: the broker reset the group to offset %d; the batch reads "
+                                 "its logged range, the next planning follows the reset", where,
+                                 res.next_begin_offset)
+                        nxt = offset
+                    else:
+                        nxt = max(res.next_begin_offset, offset)
                 elif res.code == rq.PULL_RETRY_IMMEDIATELY:
                     nxt = res.next_begin_offset     # nothing matched the filter up to there
                 else:

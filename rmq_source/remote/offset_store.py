@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from rmq_source.errors import RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError
+from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError,
+                               RmqRemotingProtocolError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import OffsetTable
 from rmq_source.remote import requests as rq
@@ -33,6 +34,7 @@ class BrokerOffsetStore(OffsetTable):
         super().__init__(group)
         self.client = client
         self.backend = backend
+        self._written_to: dict[str, str] = {}   # broker name -> the master that took the last write
 
     def __getstate__(self) -> dict:
         raise TypeError("a BrokerOffsetStore holds connections; tasks receive a BackendSpec instead")
@@ -50,17 +52,38 @@ class BrokerOffsetStore(OffsetTable):
                 found[mq] = value
         return found
 
-    def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> None:
+    def may_have_lost(self, broker: str, written_ms: int) -> bool:
+        """True when the master of ``broker`` is not the one that took the write, or started less
+        than a second before ``written_ms`` or later (its ``bootTimestamp``: a restarted broker
+        comes back with the offsets it last flushed, every 5 s by default). False when the master
+        cannot say (a RocketMQ 5 Proxy refuses the question): then a different offset there is
+        someone's write, and following it reads again rather than losing an operator's reset."""
+        addr = self.backend.master_addr(broker)
+        if addr is None or addr != self._written_to.get(broker):
+            return True
+        try:
+            booted = self.backend._call(broker, lambda a: rq.broker_boot_ms(self.client, a))
+        except (RmqBrokerError, RmqRemotingProtocolError):
+            return False
+        return booted >= written_ms - 1000
+
+    def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> set[MessageQueue]:
+        declined: set[MessageQueue] = set()
+
         def write(addr, mq, offset):
             """None when the master took it, else what its slave did with it."""
             on_master = self.backend.is_master(broker, addr)
             try:
-                rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id, offset,
-                                          broker_name=broker)
+                taken = rq.update_consumer_offset(self.client, addr, self.group, mq.topic, mq.queue_id,
+                                                  offset, broker_name=broker)
             except RmqBrokerError as exc:
                 if on_master:
                     raise
                 return f"its slave {addr} refused it too ({exc})"
+            if on_master:
+                self._written_to[broker] = addr
+                if not taken:
+                    declined.add(mq)
             return None if on_master else f"written to its slave {addr} meanwhile"
 
         on_slave = []
@@ -86,3 +109,4 @@ class BrokerOffsetStore(OffsetTable):
                 f"consumer group {self.group!r}: the master of broker {broker} is away, so the "
                 f"progress of {len(on_slave)} queue(s) is not on it yet ({on_slave[0]}); kept "
                 "until the master takes it")
+        return declined

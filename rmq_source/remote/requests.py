@@ -32,6 +32,7 @@ PULL_MESSAGE = 11
 QUERY_CONSUMER_OFFSET = 14
 UPDATE_CONSUMER_OFFSET = 15
 UPDATE_AND_CREATE_TOPIC = 17
+GET_BROKER_RUNTIME_INFO = 28
 SEARCH_OFFSET_BY_TIMESTAMP = 29
 GET_MAX_OFFSET = 30
 GET_MIN_OFFSET = 31
@@ -500,11 +501,28 @@ def query_consumer_offset(client: RemotingClient, broker: str, group: str, topic
     return int(r.ext_fields["offset"]) if r.code == SUCCESS else None
 
 
+#: the remark of a 5.x broker that ignored a group commit: an operator's reset of the queue is
+#: pending there (``ConsumerManageProcessor.updateConsumerOffset``, ``useServerSideResetOffset``)
+RESET_PENDING_REMARK = "Offset has been previously reset"
+
+
 def update_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int,
-                           offset: int, *, broker_name: str | None = None, timeout=None) -> None:
-    client.invoke(broker, UPDATE_CONSUMER_OFFSET, _to_broker(
+                           offset: int, *, broker_name: str | None = None, timeout=None) -> bool:
+    """Commit the group's offset; False when the broker ignored it for a pending reset."""
+    r = client.invoke(broker, UPDATE_CONSUMER_OFFSET, _to_broker(
         {"consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset},
         broker_name), timeout=timeout)
+    return (r.remark or "") != RESET_PENDING_REMARK
+
+
+def broker_boot_ms(client: RemotingClient, broker: str, *, timeout=None) -> int:
+    """When the broker at ``broker`` started (its store's ``bootTimestamp``, ms since the epoch)."""
+    r = client.invoke(broker, GET_BROKER_RUNTIME_INFO, {}, timeout=timeout)
+    try:
+        return int(loads_fastjson(r.body)["table"]["bootTimestamp"])
+    except (KeyError, TypeError, ValueError):
+        raise RmqRemotingProtocolError(f"GET_BROKER_RUNTIME_INFO of {broker}: no bootTimestamp "
+                                       f"in {bytes(r.body[:200])!r}") from None
 
 
 # ------------------------------------------------------------------ consumers

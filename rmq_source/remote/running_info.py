@@ -11,7 +11,10 @@ requests from the server (RocketMQ's ``ClientRemotingProcessor`` answers them in
 * GET_CONSUMER_STATUS_FROM_CLIENT (221): the offsets this query committed of a topic;
 * CONSUME_MESSAGE_DIRECTLY (309): refused (a query reads in micro-batches), the remark says why;
 * NOTIFY_CONSUMER_IDS_CHANGED (40, oneway): nothing to do, a query asks the members at every
-  planning.
+  planning;
+* RESET_CONSUMER_CLIENT_OFFSET (220, oneway; ``mqadmin resetOffsetByTime`` on a 4.x broker): the
+  reset offsets are handed to the session, whose next planning applies them
+  (:mod:`rmq_source.spark.resets`).
 
 A question about another group is answered as the Java client does ("not exist in this consumer").
 """
@@ -23,11 +26,13 @@ import os
 import time
 
 from rmq_source import __version__
-from rmq_source.remote.frames import RemotingCommand
+from rmq_source.group.allocation import MessageQueue
+from rmq_source.remote.frames import RemotingCommand, loads_fastjson
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CONSUMER_IDS_CHANGED = 40
+RESET_CONSUMER_CLIENT_OFFSET = 220
 GET_CONSUMER_STATUS_FROM_CLIENT = 221
 GET_CONSUMER_RUNNING_INFO = 307
 CONSUME_MESSAGE_DIRECTLY = 309
@@ -64,6 +69,9 @@ class MemberAnswers:
             log.debug("consumer group %r: the broker says its members changed (asked again at "
                       "the next planning)", fields.get("consumerGroup"))
             return None
+        if cmd.code == RESET_CONSUMER_CLIENT_OFFSET:
+            self._note_reset(cmd)
+            return None
         if cmd.code not in (GET_CONSUMER_RUNNING_INFO, GET_CONSUMER_STATUS_FROM_CLIENT,
                             CONSUME_MESSAGE_DIRECTLY):
             return None                                  # answered "not supported"
@@ -83,6 +91,26 @@ class MemberAnswers:
             body = '{"consumerTable":{},"messageQueueTable":' + _mq_map(table) + "}"
             return RemotingCommand(SUCCESS, body=body.encode())
         return RemotingCommand(SUCCESS, body=self.running_info().encode())
+
+    def _note_reset(self, cmd: RemotingCommand) -> None:
+        """Hand a reset of this group to the session (a broker sends it oneway: no answer)."""
+        fields = cmd.ext_fields or {}
+        if fields.get("group") != self.opts.consumer_group:
+            return
+        try:
+            table = loads_fastjson(bytes(cmd.body))["offsetTable"]
+            offsets = {MessageQueue(dict(k)["topic"], dict(k)["brokerName"], int(dict(k)["queueId"])):
+                       int(v) for k, v in table.items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.error("consumer group %r: a reset of topic %r from a broker could not be read "
+                      "(%s): %r", self.opts.consumer_group, fields.get("topic"), exc,
+                      bytes(cmd.body[:300]))
+            return
+        stamp = fields.get("timestamp", "?")
+        log.warning("consumer group %r: a broker passed on an operator's reset of topic %r to the "
+                    "messages stored from %s (ms since the epoch; -1: the end) for %d queue(s)",
+                    self.opts.consumer_group, fields.get("topic"), stamp, len(offsets))
+        self.session.note_reset(offsets, f"RESET_CONSUMER_CLIENT_OFFSET, timestamp {stamp}")
 
     def _committed(self) -> dict:
         return dict(self.session.own_progress)

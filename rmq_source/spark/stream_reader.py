@@ -39,6 +39,7 @@ from rmq_source.spark.planner import QueueRange, plan_tasks, share_limit, unallo
 from rmq_source.spark.sizing import task_sizing
 from rmq_source.spark.positions import check_data_loss, logged_range_start, starting_offsets
 from rmq_source.spark.query import discover_queues, open_backend, open_group_store, strategy_of
+from rmq_source.spark import resets
 
 if TYPE_CHECKING:
     from rmq_source.group.session import GroupSession
@@ -80,6 +81,9 @@ class RmqStreamReader(StreamReaderBase):
         self._waits_for_master: set[MessageQueue] = set()   # queues only a slave answers for
         self._away: set[str] = set()       # brokers whose queues wait (not answering)
         self._unsaved: dict[MessageQueue, int] = {}  # group commits their broker did not take yet
+        #: per queue, the last group commit its keeper took: (offset, ms since the epoch)
+        self._taken: dict[MessageQueue, tuple[int, int]] = {}
+        self._declined: dict[MessageQueue, int] = {}   # commits ignored for a pending reset
         self._offset_bytes: dict[str, float] = {}   # topic -> bytes per offset (task sizing)
 
     @property
@@ -281,7 +285,9 @@ class RmqStreamReader(StreamReaderBase):
         time.sleep(0.25)
 
     def _commit_previous(self, start_map: dict[MessageQueue, int]) -> None:
-        """The batch ending at ``start`` is committed: record the group's progress for its queues."""
+        """The batch ending at ``start`` is committed: record the group's progress for its queues,
+        except those an operator reset meanwhile (:mod:`rmq_source.spark.resets`): they move to
+        the reset offset in this batch, without being read."""
         if self.session is None:
             return
         held = self.session.held()
@@ -289,9 +295,36 @@ class RmqStreamReader(StreamReaderBase):
             reads = self.session.reads_of_batch_ending_at(to_json_dict(start_map))
             forward = {mq: o for mq, o in start_map.items() if mq in reads}
             current = self.group_store.read_offsets(list(forward), ReadOffsetType.READ_FROM_STORE)
-            self._commit_group({mq: o for mq, o in forward.items() if o > current.get(mq, -1)})
+            found = resets.while_stopped(forward, current, reads)
+            self._commit_group({mq: o for mq, o in forward.items()
+                                if o > current.get(mq, -1) and mq not in found})
         else:
-            self._commit_group({mq: o for mq, o in start_map.items() if mq in held})
+            found, lost = resets.since_last_commit(self.group_store, self._taken, held, self._unsaved)
+            self._unsaved.update(lost)
+            pushed = {mq: value for mq, value in self.session.take_resets().items() if mq in held}
+            self._commit_group({mq: o for mq, o in start_map.items()
+                                if mq in held and mq not in found and mq not in pushed})
+            if pushed:   # (the brokers keep the group's progress: written as a Java client would)
+                self._commit_group({mq: offset for mq, (offset, _) in pushed.items()})
+                found.update(pushed)
+        found.update(self._declined_for_reset())
+        if found:
+            resets.report(self.opts.consumer_group, found, start_map)
+            now_ms = int(time.time() * 1000)
+            for mq, (offset, _) in found.items():
+                self._taken[mq] = (offset, now_ms)
+                self.session.own_progress.pop(mq, None)
+            self.session.let_go(found)
+
+    def _declined_for_reset(self) -> resets.Resets:
+        """Queues whose last commit the broker ignored for an operator's reset pending there,
+        with the reset offset (what the broker answers for the group now)."""
+        declined, self._declined = self._declined, {}
+        if not declined:
+            return {}
+        now = self.group_store.read_offsets(sorted(declined), ReadOffsetType.READ_FROM_STORE)
+        return {mq: (now[mq], "a reset pending on its broker, which ignored this query's commit")
+                for mq, tried in declined.items() if now.get(mq, -1) >= 0 and now[mq] != tried}
 
     def _skip_lost(self, starts: dict[MessageQueue, int], read, infos) -> dict[MessageQueue, int]:
         """``starts`` with each queue to read moved past offsets the store no longer has (retention,
@@ -547,7 +580,10 @@ class RmqStreamReader(StreamReaderBase):
         unsaved = {}
         for broker, mqs in sorted(by_broker.items()):
             try:
-                self.group_store.persist(mqs)
+                declined = self.group_store.persist(mqs)
+                now_ms = int(time.time() * 1000)
+                self._declined.update({mq: offsets[mq] for mq in declined})
+                self._taken.update({mq: (offsets[mq], now_ms) for mq in mqs if mq not in declined})
             except RmqAuthError:
                 raise
             except RmqRemotingError as exc:
