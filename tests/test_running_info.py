@@ -49,8 +49,7 @@ def test_running_info_is_the_java_clients_form():
     (309, {"consumerGroup": "G", "msgId": "x"}, 1, "micro-batches"),
     (221, {"group": "G", "topic": "T"}, 0, '"messageQueueTable":{{"brokerName":"broker-a","queueId":0,"topic":"T"}:7}'),
     (40, {"consumerGroup": "G"}, None, None),            # oneway: nothing to answer
-    (220, {"group": "G"}, None, None),                   # answered "not supported" by the client
-], ids=["other-group", "consume-directly", "status", "ids-changed", "reset"])
+], ids=["other-group", "consume-directly", "status", "ids-changed"])
 def test_the_other_questions(code, fields, result, text):
     answer = _ask(code, **fields)
     if result is None:
@@ -58,3 +57,25 @@ def test_the_other_questions(code, fields, result, text):
         return
     assert answer.code == result
     assert text in (answer.remark or answer.body.decode())
+
+
+@pytest.mark.parametrize("group, body, noted", [
+    ("G", b'{"offsetTable":{{"brokerName":"broker-a","queueId":1,"topic":"T"}:3,'
+          b'{"brokerName":"broker-a","queueId":0,"topic":"T"}:0}}', {A0: 0, A1: 3}),
+    ("Other", b'{"offsetTable":{{"brokerName":"broker-a","queueId":1,"topic":"T"}:3}}', None),
+    ("G", b'{"offsetTable":[1,2]}', None),                 # unreadable: logged, nothing applied
+], ids=["reset", "other-group", "unreadable"])
+def test_a_reset_sent_by_a_broker_goes_to_the_session(group, body, noted, caplog):
+    """RESET_CONSUMER_CLIENT_OFFSET (oneway, from ``mqadmin resetOffsetByTime`` on a 4.x broker):
+    the offsets go to the session, whose next planning applies them."""
+    answers = _answers()
+    got = []
+    answers.session.note_reset = lambda offsets, why: got.append((offsets, why))
+    cmd = RemotingCommand(220, {"topic": "T", "group": group, "timestamp": "1700000000000",
+                                "isForce": "true"}, body)
+    assert answers.serve(cmd) is None
+    if noted is None:
+        assert got == []
+        assert group != "G" or "could not be read" in caplog.text
+    else:
+        assert got == [(noted, "RESET_CONSUMER_CLIENT_OFFSET, timestamp 1700000000000")]
