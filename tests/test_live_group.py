@@ -58,9 +58,12 @@ def _run(spark, rocketmq, topic, group, tmp_path, **extra):
 
 
 def _sink_rows(spark, sink) -> list[tuple[int, int]]:
+    """The rows of the parquet sink's committed batches (read with the schema: a running query's
+    sink may have files before its first batch is committed)."""
     if not (sink / "_spark_metadata").is_dir():
         return []
-    return [(r.queueId, r.queueOffset) for r in spark.read.parquet(str(sink)).collect()]
+    frame = spark.read.schema("queueId INT, queueOffset LONG").parquet(str(sink))
+    return [(r.queueId, r.queueOffset) for r in frame.collect()]
 
 
 def _progress(client, addr, topic, group) -> dict[int, int | None]:
@@ -247,42 +250,76 @@ def test_a_queue_another_client_took_is_left_out_not_failed(rocketmq, topic, tmp
         session.stop()
 
 
-def test_mqadmin_consumer_status_shows_a_running_query(spark, rocketmq, topic, tmp_path):
-    """The broker asks the running query for its running info (GET_CONSUMER_RUNNING_INFO) when
-    an operator runs ``mqadmin consumerStatus``: its properties, subscription, and per queue the
-    offset it committed and its lock (the other questions: test_running_info.py)."""
+def test_mqadmin_sees_and_resets_a_running_and_a_stopped_query(spark, rocketmq, topic, tmp_path):
+    """What operators do with RocketMQ's tools to a group query. ``mqadmin consumerStatus``: the
+    broker asks the running query for its running info (GET_CONSUMER_RUNNING_INFO): properties,
+    subscription, and per queue the offset it committed and its lock (the other questions:
+    test_running_info.py). ``mqadmin resetOffsetByTime`` to the first message, while the query runs
+    (4.9: the broker sends the query the reset; 5.3: the broker keeps it and ignores commits until a
+    pull meets it) and while it is stopped (4.9: mqadmin writes the offsets itself): the query reads
+    everything again each time and the group ends at the end, never written over unseen. Ordered on
+    5.3, unordered on 4.9 (store mode runs both with each: test_operator_resets.py)."""
     group = f"LiveStatus_{uuid.uuid4().hex[:6]}"
     broker = rocketmq.brokers["broker-a"]
-    q = (spark.readStream.format("rmq")
-         .options(namesrvAddr=rocketmq.namesrv_addr, topic=topic, consumerGroup=group,
-                  clientId=SPARK_ID, startingOffsets="earliest", subExpression="t || u",
-                  groupStatePath=str(tmp_path / "state"), lockRenewIntervalMs="1000")
-         .load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "chk"))
-         .trigger(processingTime="300 milliseconds").start())
-    try:
+    orderly = not rocketmq.version.startswith("4.")
+    sink = tmp_path / "sink"
+    everything = sorted((q, o) for q in range(QUEUES) for o in range(PER_QUEUE))
+
+    def start():
+        return (spark.readStream.format("rmq")
+                .options(namesrvAddr=rocketmq.namesrv_addr, topic=topic, consumerGroup=group,
+                         clientId=SPARK_ID, startingOffsets="earliest", subExpression="t || u",
+                         orderly=str(orderly).lower(), groupStatePath=str(tmp_path / "state"),
+                         lockRenewIntervalMs="1000")
+                .load().select("queueId", "queueOffset").writeStream.format("parquet")
+                .option("path", str(sink)).option("checkpointLocation", str(tmp_path / "chk"))
+                .trigger(processingTime="300 milliseconds").start())
+
+    def wait_for(q, times, client):
+        """Until the sink has every message ``times`` times and the group is at the end."""
         deadline = time.monotonic() + 120
-        with RemotingClient(timeout=15) as client:
-            # (the last batch is committed at the next planning)
-            while _progress(client, broker.addr, topic, group) != {i: PER_QUEUE for i in range(QUEUES)}:
-                assert q.exception() is None, q.exception()
-                assert time.monotonic() < deadline, _progress(client, broker.addr, topic, group)
-                time.sleep(0.3)
-        report = rocketmq.mqadmin("consumerStatus", "-g", group, "-i", SPARK_ID)
-        props = dict(line.split(":", 1) for line in report.split("#Consumer Subscription#")[0]
-                     .splitlines() if ":" in line and not line.startswith("#"))
-        props = {k.strip(): v.strip() for k, v in props.items()}
-        assert props["clientId"] == SPARK_ID and props["PROP_CONSUMEORDERLY"] == "true", report
-        assert props["PROP_NAMESERVER_ADDR"] == rocketmq.namesrv_addr, props
-        assert f"Topic: {topic}" in report and "SubExpression: t || u" in report, report
-        offsets = [line.split() for line in report.split("#Consumer Offset#")[1]
-                   .split("#Consumer MQ Detail#")[0].splitlines() if line.startswith(topic)]
-        assert sorted((int(r[2]), int(r[3])) for r in offsets) == [
-            (i, PER_QUEUE) for i in range(QUEUES)], report
-        detail = report.split("#Consumer MQ Detail#")[1]
-        assert sum("locked=true" in line for line in detail.splitlines()
-                   if line.startswith(topic)) == QUEUES, report
-        assert "SubExpression: *" in report      # (its %RETRY% topic, read whole)
-        listing = rocketmq.mqadmin("consumerStatus", "-g", group)
-        assert any(line.split()[:2] == ["1", SPARK_ID] for line in listing.splitlines()), listing
-    finally:
-        q.stop()
+        while True:
+            assert q.exception() is None, q.exception()
+            rows = sorted(_sink_rows(spark, sink))
+            if rows == sorted(everything * times) and _progress(
+                    client, broker.addr, topic, group) == {i: PER_QUEUE for i in range(QUEUES)}:
+                return
+            assert len(rows) <= len(everything) * times, "read more than the resets give"
+            assert time.monotonic() < deadline, (times, len(rows), _progress(client, broker.addr,
+                                                                              topic, group))
+            time.sleep(0.3)
+
+    with RemotingClient(timeout=15) as client:
+        q = start()
+        try:
+            wait_for(q, 1, client)           # (the last batch is committed at the next planning)
+            report = rocketmq.mqadmin("consumerStatus", "-g", group, "-i", SPARK_ID)
+            props = dict(line.split(":", 1) for line in report.split("#Consumer Subscription#")[0]
+                         .splitlines() if ":" in line and not line.startswith("#"))
+            props = {k.strip(): v.strip() for k, v in props.items()}
+            assert props["clientId"] == SPARK_ID, report
+            assert props["PROP_CONSUMEORDERLY"] == str(orderly).lower(), report
+            assert props["PROP_NAMESERVER_ADDR"] == rocketmq.namesrv_addr, props
+            assert f"Topic: {topic}" in report and "SubExpression: t || u" in report, report
+            offsets = [line.split() for line in report.split("#Consumer Offset#")[1]
+                       .split("#Consumer MQ Detail#")[0].splitlines() if line.startswith(topic)]
+            assert sorted((int(r[2]), int(r[3])) for r in offsets) == [
+                (i, PER_QUEUE) for i in range(QUEUES)], report
+            detail = report.split("#Consumer MQ Detail#")[1]
+            assert sum("locked=true" in line for line in detail.splitlines()
+                       if line.startswith(topic)) == (QUEUES if orderly else 0), report
+            assert "SubExpression: *" in report      # (its %RETRY% topic, read whole)
+            listing = rocketmq.mqadmin("consumerStatus", "-g", group)
+            assert any(line.split()[:2] == ["1", SPARK_ID] for line in listing.splitlines()), listing
+
+            rocketmq.mqadmin("resetOffsetByTime", "-g", group, "-t", topic, "-s", "0")
+            wait_for(q, 2, client)
+        finally:
+            q.stop()
+        rocketmq.mqadmin("resetOffsetByTime", "-g", group, "-t", topic, "-s", "0")
+        assert _progress(client, broker.addr, topic, group) == {i: 0 for i in range(QUEUES)}
+        q = start()
+        try:
+            wait_for(q, 3, client)
+        finally:
+            q.stop()
