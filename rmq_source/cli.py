@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                         '{"TOPIC": {"BROKER": {"queueId": offset}}}; -2 = earliest, -1 = latest; '
                         "queues not named keep their offsets")
     rs.add_argument("--force", action="store_true",
-                    help="reset even while a live query of the group holds locks or heartbeats")
+                    help="reset even while a live query of the group holds locks or heartbeats "
+                    "(its next micro-batch moves to the reset)")
     rs.add_argument("--broker-name", default=None, help="STORE's broker name (default broker-a)")
     rs.add_argument("--offset-store", default=None, metavar="PATH",
                     help="the queries' offsetStorePath (default: STORE/rmq_source_offsets)")
@@ -622,8 +623,10 @@ def _reset(args) -> int:
             print(f"{PROG}: refused: {text}; stop those queries (or wait until their leases "
                   f"expire) or pass --force", file=sys.stderr)
             return EXIT_REFUSED
-        print(f"{PROG}: warning: {text}; resetting anyway (--force): a running query keeps its "
-              f"own position and overwrites this reset when it next records progress",
+        print(f"{PROG}: warning: {text}; resetting anyway (--force): running Spark queries of "
+              f"the group move to the reset at their next micro-batch (docs/semantics.md, "
+              f"\"Operator resets\"); other consumers (RocketMQ's Java clients) keep their own "
+              f"position and may write over it (reset those with mqadmin resetOffsetByTime)",
               file=sys.stderr)
     group_store = backend.offset_store(args.group)
     before = group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
