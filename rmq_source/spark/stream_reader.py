@@ -299,6 +299,8 @@ class RmqStreamReader(StreamReaderBase):
             self._commit_group({mq: o for mq, o in forward.items()
                                 if o > current.get(mq, -1) and mq not in found})
         else:
+            # a queue read again later starts from another member's progress, not from ours
+            self._taken = {mq: v for mq, v in self._taken.items() if mq in held}
             found, lost = resets.since_last_commit(self.group_store, self._taken, held, self._unsaved)
             self._unsaved.update(lost)
             pushed = {mq: value for mq, value in self.session.take_resets().items() if mq in held}
