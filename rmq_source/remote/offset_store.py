@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError,
-                               RmqRemotingProtocolError)
+                               RmqRemotingConnectionError, RmqRemotingProtocolError,
+                               RmqRemotingTimeoutError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import OffsetTable
 from rmq_source.remote import requests as rq
@@ -65,6 +66,8 @@ class BrokerOffsetStore(OffsetTable):
             booted = self.backend._call(broker, lambda a: rq.broker_boot_ms(self.client, a))
         except (RmqBrokerError, RmqRemotingProtocolError):
             return False
+        except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
+            return True     # (away again: cannot tell, its offsets are not read meanwhile)
         return booted >= written_ms - 1000
 
     def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> set[MessageQueue]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingTimeoutError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import ReadOffsetType
 
@@ -40,9 +41,14 @@ def since_last_commit(store, taken: dict[MessageQueue, tuple[int, int]], held,
     keeper has not taken the last commit). Returns (resets, queues whose keeper lost this query's
     commit, with the offset to write again)."""
     known = sorted(mq for mq in held if mq in taken and mq not in unsaved)
-    if not known:
-        return {}, {}
-    now = store.read_offsets(known, ReadOffsetType.READ_FROM_STORE)
+    now: dict[MessageQueue, int] = {}
+    for broker in sorted({mq.broker_name for mq in known}):
+        queues = [mq for mq in known if mq.broker_name == broker]
+        try:
+            now.update(store.read_offsets(queues, ReadOffsetType.READ_FROM_STORE))
+        except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
+            # a broker away: compared once it answers (the planning decides what its absence means)
+            known = [mq for mq in known if mq.broker_name != broker]
     found: Resets = {}
     lost: dict[MessageQueue, int] = {}
     asked: dict[tuple[str, int], bool] = {}
