@@ -309,6 +309,9 @@ def test_mqadmin_sees_and_resets_a_running_and_a_stopped_query(spark, rocketmq, 
             assert sum("locked=true" in line for line in detail.splitlines()
                        if line.startswith(topic)) == (QUEUES if orderly else 0), report
             assert "SubExpression: *" in report      # (its %RETRY% topic, read whole)
+            tps = [line.split() for line in report.split("#Consumer RT&TPS#")[1].splitlines()
+                   if line.startswith(topic)]
+            assert tps and float(tps[0][4]) > 0, report   # ConsumeOK TPS: the last minute's batches
             listing = rocketmq.mqadmin("consumerStatus", "-g", group)
             assert any(line.split()[:2] == ["1", SPARK_ID] for line in listing.splitlines()), listing
 

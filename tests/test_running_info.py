@@ -44,6 +44,17 @@ def test_running_info_is_the_java_clients_form():
     assert set(info["statusTable"]) == {"T", "%RETRY%G"}
 
 
+def test_consume_tps_is_the_messages_a_second_of_the_planned_micro_batches():
+    from rmq_source.group.session import RateMeter
+    answers = _answers()
+    answers.session.planned = RateMeter(window_s=60)
+    answers.session.planned.add({"T": 600, "%RETRY%G": 0})
+    answers.session.planned.add({"T": 300})
+    status = fastjson.loads(answers.running_info())["statusTable"]
+    assert (status["T"]["consumeOKTPS"], status["T"]["pullTPS"]) == (15.0, 15.0)
+    assert status["%RETRY%G"]["consumeOKTPS"] == 0.0
+
+
 @pytest.mark.parametrize("code, fields, result, text", [
     (307, {"consumerGroup": "Other"}, 1, "The Consumer Group <Other> not exist in this consumer"),
     (309, {"consumerGroup": "G", "msgId": "x"}, 1, "micro-batches"),

@@ -30,6 +30,7 @@ overriding a live holder (that queue is the live member's now: it reads it from 
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -105,6 +106,36 @@ def _plans_to_keep(lines: list[str]) -> set[int]:
     return keep
 
 
+class RateMeter:
+    """Counts per key over a sliding window (``window_s``): what a RocketMQ client reports as its
+    consume TPS (``mqadmin consumerStatus``), here the messages of the micro-batches planned."""
+
+    def __init__(self, window_s: float = 60.0):
+        self.window_s = window_s
+        self._events: collections.deque = collections.deque()   # (monotonic time, {key: count})
+        self._mutex = threading.Lock()
+
+    def add(self, counts: dict[str, int]) -> None:
+        with self._mutex:
+            self._events.append((time.monotonic(), dict(counts)))
+            self._prune()
+
+    def per_second(self) -> dict[str, float]:
+        """{key: count per second over the window} (keys seen in the window, 0.0 included)."""
+        with self._mutex:
+            self._prune()
+            out: dict[str, float] = {}
+            for _, counts in self._events:
+                for key, n in counts.items():
+                    out[key] = out.get(key, 0.0) + n / self.window_s
+            return out
+
+    def _prune(self) -> None:
+        cut = time.monotonic() - self.window_s
+        while self._events and self._events[0][0] < cut:
+            self._events.popleft()
+
+
 class GroupSession:
     """Membership, allocation, locks and batch plans of one query in its group."""
 
@@ -147,6 +178,8 @@ class GroupSession:
         self._stopped = False
         #: when the locks of the queues read last were asked for (ms since the epoch; 0: never)
         self.locked_at_ms = 0
+        #: messages of the micro-batches this query planned, per topic (operators' TPS figures)
+        self.planned = RateMeter()
         #: resets an operator's tool sent this client (RESET_CONSUMER_CLIENT_OFFSET), not yet applied
         self._resets: dict[MessageQueue, tuple[int, str]] = {}
 

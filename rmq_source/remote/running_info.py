@@ -7,7 +7,8 @@ requests from the server (RocketMQ's ``ClientRemotingProcessor`` answers them in
   in fastjson's form (maps keyed by a MessageQueue object, as the Java client writes them):
   properties (the query's options and start time), the subscription of every topic, and per queue
   the group offset this query committed last and whether it holds the broker's lock (ordered
-  queries);
+  queries), and per topic the messages a second of the micro-batches it planned in the last
+  minute as its consume and pull TPS;
 * GET_CONSUMER_STATUS_FROM_CLIENT (221): the offsets this query committed of a topic;
 * CONSUME_MESSAGE_DIRECTLY (309): refused (a query reads in micro-batches), the remark says why;
 * NOTIFY_CONSUMER_IDS_CHANGED (40, oneway): nothing to do, a query asks the members at every
@@ -153,8 +154,13 @@ class MemberAnswers:
             "classFilterMode": False, "codeSet": [], "expressionType": "TAG", "subString": "*",
             "subVersion": self.started_ms, "tagsSet": [], "topic": topic,
         } for topic in topics]
-        status = {topic: {"consumeFailedMsgs": 0, "consumeFailedTPS": 0.0, "consumeOKTPS": 0.0,
-                          "consumeRT": 0.0, "pullRT": 0.0, "pullTPS": 0.0} for topic in topics}
+        meter = getattr(session, "planned", None)
+        tps = meter.per_second() if meter is not None else {}
+        # (a query's rows are consumed by its micro-batches: both TPS are their messages a second)
+        status = {topic: {"consumeFailedMsgs": 0, "consumeFailedTPS": 0.0,
+                          "consumeOKTPS": round(tps.get(topic, 0.0), 2), "consumeRT": 0.0,
+                          "pullRT": 0.0, "pullTPS": round(tps.get(topic, 0.0), 2)}
+                  for topic in topics}
         return ("{" + f'"mqPopTable":{{}},"mqTable":{_mq_map(table)},'
                 f'"properties":{_json(properties)},"statusTable":{_json(status)},'
                 f'"subscriptionSet":{_json(subscriptions)},"userConsumerInfo":{{}}' + "}")
