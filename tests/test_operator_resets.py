@@ -151,3 +151,32 @@ def test_a_changed_progress_is_a_reset_unless_the_broker_lost_it(now, restarted,
     assert got == ({} if found is None else {Q0: (found, got[Q0][1])})
     assert rewrite == ({} if lost is None else {Q0: lost})
     assert keeper.asked == ([("broker-a", 1000)] if 0 <= now < 10 else [])
+
+
+def test_a_commit_declined_for_a_pending_reset_is_followed(store, monkeypatch):
+    """A 5.x broker keeps an operator's reset pending and ignores the group's commits of the
+    queue (remark "Offset has been previously reset"): the query follows the reset even when the
+    changed progress alone looked like a restarted broker's loss."""
+    reader = _reader(store, "aa", maxMessagesPerTrigger=str(QUEUES * 5))
+    try:
+        end, _ = _batch(reader, reader.initialOffset())
+        end, _ = _batch(reader, end)                          # the group at 5 everywhere
+        _reset(reader, {Q0: 2})
+        monkeypatch.setattr(reader.group_store, "may_have_lost", lambda broker, ms: True)
+        persist = reader.group_store.persist
+
+        def pending(mqs=None):                                # Q0's commits ignored, as 5.x does
+            mqs = list(mqs) if mqs is not None else None
+            written = persist([mq for mq in mqs if mq != Q0] if mqs is not None else None)
+            return written | ({Q0} if mqs is None or Q0 in mqs else set())
+        monkeypatch.setattr(reader.group_store, "persist", pending)
+        end, read = _batch(reader, end)
+        assert 0 not in read and from_json_dict(end)[Q0] == 2, (read, end)
+        assert _progress(reader)[0] == 2
+        monkeypatch.setattr(reader.group_store, "persist", persist)   # the pull met the reset
+        end, read = _batch(reader, end)
+        assert read[0][0] == 2 and _progress(reader)[0] == 2
+        _batch(reader, end)
+        assert _progress(reader)[0] == read[0][1]
+    finally:
+        reader.stop()
