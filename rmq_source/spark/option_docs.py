@@ -189,6 +189,12 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                  "Consumer id of this query (lock owner, slot ids); text before the first @ is "
                  "its machine room. Characters [A-Za-z0-9_.:@#%|-]."),
     "verifyCrc": ("false", "Verify each record's BODYCRC while reading."),
+    "enableMsgTrace": ("false", "Live mode: record what the query consumed as RocketMQ message "
+                       "traces (SubBefore/SubAfter, as RocketMQ's clients with enableMsgTrace), "
+                       "shown by mqadmin queryMsgTraceById and the Dashboard; the trace topic "
+                       "must exist (brokers with traceTopicEnable=true create it)."),
+    "customizedTraceTopic": ("RMQ_SYS_TRACE_TOPIC", "With enableMsgTrace=true: the topic the "
+                             "traces go to."),
     "batchRows": ("65536", "Most rows per Arrow batch."),
     "batchBytes": (str(64 << 20), "Most body bytes per Arrow batch (at least one row is always read); "
                                   f"at most {MAX_BATCH_BYTES} (2^31-1, the C core's limit)."),

@@ -159,6 +159,8 @@ class SourceOptions:
     #: the client namespace (rmq_source.namespace); every topic and group above is already
     #: wrapped in it (the names on the brokers), the rows' topic column shows them unwrapped
     namespace: str | None = None
+    #: enableMsgTrace: the topic consumed messages' traces go to (None: no traces)
+    trace_topic: str | None = None
 
     @property
     def broker_names(self) -> tuple[str, ...]:
@@ -182,6 +184,24 @@ def _shown(name: str, value) -> str:
     if SECRET_NAME_RE.search(name):
         return "(value hidden)"
     return repr(value)
+
+
+def _trace_topic(opts: Mapping[str, str], namesrv_addrs) -> str | None:
+    """``enableMsgTrace``/``customizedTraceTopic``: the trace topic, or None without traces."""
+    enabled = bool_option("enableMsgTrace", opts["enableMsgTrace"]) if "enableMsgTrace" in opts else False
+    if "customizedTraceTopic" in opts and not enabled:
+        raise RmqOptionError(f"option customizedTraceTopic={opts['customizedTraceTopic']!r} only "
+                             "applies with enableMsgTrace=true")
+    if not enabled:
+        return None
+    if not namesrv_addrs:
+        raise RmqOptionError("option enableMsgTrace=true needs namesrvAddr: traces are messages "
+                             "sent to the brokers' trace topic (a store folder has no broker)")
+    topic = opts.get("customizedTraceTopic", "RMQ_SYS_TRACE_TOPIC").strip()
+    if not NAME_RE.fullmatch(topic) or len(topic) > 127:
+        raise fail("customizedTraceTopic", topic, "expected a topic name (1..127 characters from "
+                   "[A-Za-z0-9_%|-])")
+    return topic
 
 
 def normalise_options(options: Mapping[str, str], docs: Mapping[str, Any] = OPTION_DOCS,
@@ -655,6 +675,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     batch_bytes = (int_option("batchBytes", opts["batchBytes"], minimum=1, maximum=MAX_BATCH_BYTES)
                    if "batchBytes" in opts else 64 << 20)
 
+    trace_topic = _trace_topic(opts, namesrv_addrs)
+
     return SourceOptions(
         streaming=streaming, brokers=brokers, topics=topics, topic_pattern=topic_pattern,
         assign=assign, subscription=subscription, consumer_group=group,
@@ -675,4 +697,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         request_retries=request_retries, retry_backoff_ms=retry_backoff_ms,
         broker_outage_ms=broker_outage_ms,
         credentials=credentials, tls=tls, group_state_path=group_state_path, namespace=namespace,
+        trace_topic=trace_topic,
     )

@@ -6,6 +6,7 @@ on driver state, so tasks run the same in separate executor processes.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -58,6 +59,8 @@ class RmqInputPartition(InputPartition):
     exact_tags: tuple[str, ...] | None = None
     #: the client namespace: the rows' topics are shown without it (rmq_source.namespace)
     namespace: str | None = None
+    #: enableMsgTrace: (trace topic, consumer group as the brokers name it), None without traces
+    trace: tuple[str, str] | None = None
 
 
 def check_task_locks(part: RmqInputPartition):
@@ -82,8 +85,20 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     """
     if not isinstance(part, RmqInputPartition):
         return
-    for batch in _read_ranges(part):
-        yield unwrap_topic_column(batch, part.namespace)     # (as it is without a namespace)
+    if part.trace is None:
+        for batch in _read_ranges(part):
+            yield unwrap_topic_column(batch, part.namespace)     # (as it is without a namespace)
+        return
+    from rmq_source.remote.traces import ConsumeTraces
+    traces = ConsumeTraces(part.backend.open(), *part.trace)
+    try:
+        began = time.monotonic()
+        for batch in _read_ranges(part):
+            traces.record(batch, cost_ms=int((time.monotonic() - began) * 1000))
+            yield unwrap_topic_column(batch, part.namespace)
+            began = time.monotonic()
+    finally:
+        traces.close()
 
 
 def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
@@ -143,6 +158,8 @@ def build_partitions(tasks, opts, backend, lock: TaskLock | None = None,
             fail_on_data_loss=opts.fail_on_data_loss,
             lock=lock,
             namespace=opts.namespace,
+            trace=(None if opts.trace_topic is None
+                   else (opts.trace_topic, backend.spec.pull_group)),
         )
         for task in tasks
     ]

@@ -13,14 +13,32 @@ def open_backend(opts) -> Backend:
         from rmq_source.remote.backend import ClusterBackendSpec
         from rmq_source.remote.backend import PULL_GROUP
         from rmq_source.namespace import wrap
-        return ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
+        backend = ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
                                   credentials=opts.credentials, tls=opts.tls,
                                   pull_group=opts.consumer_group or wrap(opts.namespace, PULL_GROUP),
                                   retries=opts.request_retries,
                                   retry_backoff_s=opts.retry_backoff_ms / 1000.0,
                                   outage_s=opts.broker_outage_ms / 1000.0).open()
+        if opts.trace_topic is not None:
+            _check_trace_topic(backend, opts.trace_topic)
+        return backend
     from rmq_source.store.backend import StoreBackend
     return StoreBackend(opts.brokers, opts.offset_store_path)
+
+
+def _check_trace_topic(backend, topic: str) -> None:
+    """enableMsgTrace: the trace topic must have a route (checked once, when the query starts)."""
+    from rmq_source.errors import RmqOptionError, RmqUnknownTopicError
+    try:
+        route = backend.route(topic)
+    except RmqUnknownTopicError as exc:
+        raise RmqOptionError(
+            f"option enableMsgTrace=true: the trace topic {topic!r} (option customizedTraceTopic) "
+            f"does not exist in {backend.where()}; create it, or start the brokers with "
+            "traceTopicEnable=true (which creates RMQ_SYS_TRACE_TOPIC)") from exc
+    if not route.write_queues():
+        raise RmqOptionError(f"option enableMsgTrace=true: the trace topic {topic!r} has no "
+                             "writable queue")
 
 
 def discover_queues(backend: Backend, opts) -> list[MessageQueue]:
