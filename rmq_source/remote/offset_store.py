@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from rmq_source.errors import (RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError,
+from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError,
                                RmqRemotingConnectionError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError)
 from rmq_source.group.allocation import MessageQueue
@@ -56,15 +56,20 @@ class BrokerOffsetStore(OffsetTable):
     def may_have_lost(self, broker: str, written_ms: int) -> bool:
         """True when the master of ``broker`` is not the one that took the write, or started less
         than a second before ``written_ms`` or later (its ``bootTimestamp``: a restarted broker
-        comes back with the offsets it last flushed, every 5 s by default). False when the master
-        cannot say (a RocketMQ 5 Proxy refuses the question): then a different offset there is
-        someone's write, and following it reads again rather than losing an operator's reset."""
+        comes back with the offsets it last flushed, every 5 s by default; in its first second it
+        cannot say, and counts as just started). False when the master does not serve the
+        question (a RocketMQ 5 Proxy; an account not allowed to ask): then a different offset there
+        is someone's write, and following it reads again rather than losing an operator's reset."""
         addr = self.backend.master_addr(broker)
         if addr is None or addr != self._written_to.get(broker):
             return True
         try:
             booted = self.backend._call(broker, lambda a: rq.broker_boot_ms(self.client, a))
-        except (RmqBrokerError, RmqRemotingProtocolError):
+        except RmqBrokerError as exc:
+            # a Proxy does not serve the question (code 3); a broker in its first second fails
+            # it (its statistics are empty: NoSuchElementException, 4.9 and 5.3): just booted
+            return not (exc.code == rq.REQUEST_CODE_NOT_SUPPORTED or isinstance(exc, RmqAuthError))
+        except RmqRemotingProtocolError:
             return False
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
             return True     # (away again: cannot tell, its offsets are not read meanwhile)
