@@ -38,7 +38,9 @@ TIMEOUT = 240
 # but the first also tests a restart after the step before it, and steps after a logged batch
 # die while Spark re-runs it); a last restart with Trigger.AvailableNow must then finish.
 CHAINS = [
-    ("alone-no-group", None, 1, ["plan:1", "logged:1", "reading:20", "next:3"]),
+    # (the ordered chain dies at every point; without a group only the points where the restart
+    # has no plan of the group to follow: a logged batch re-run, and after a commit)
+    ("alone-no-group", None, 1, ["logged:1", "next:3"]),
     ("alone-ordered", "orderly=true", 1,
      ["failing:20", "plan:1", "logged:1", "reading:20", "logged:3", "next:3"]),
     ("alone-unordered", "orderly=false", 1, ["logged:3", "next:3"]),

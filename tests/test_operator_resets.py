@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from rmq_source.errors import RmqBrokerError, RmqRemotingConnectionError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.group.progress import reset_group
@@ -180,3 +181,28 @@ def test_a_commit_declined_for_a_pending_reset_is_followed(store, monkeypatch):
         assert _progress(reader)[0] == read[0][1]
     finally:
         reader.stop()
+
+
+@pytest.mark.parametrize("master, answer, lost", [
+    ("a:1", 5000, True),                                      # started after the write
+    ("a:1", 3000, False),                                     # running since before it
+    ("b:2", 3000, True),                                      # another master took over
+    ("a:1", RmqBrokerError("NoSuchElementException", code=1), True),   # its first second
+    ("a:1", RmqBrokerError("not supported", code=3), False),  # a Proxy: cannot tell, follow
+    ("a:1", RmqRemotingConnectionError("refused"), True),    # away again
+])
+def test_a_broker_may_have_lost_a_commit_only_if_it_restarted(master, answer, lost):
+    from rmq_source.remote.offset_store import BrokerOffsetStore
+
+    class Backend:
+        def master_addr(self, broker):
+            return master
+
+        def _call(self, broker, fn):
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    store = BrokerOffsetStore(None, "G", Backend())
+    store._written_to["broker-a"] = "a:1"
+    assert store.may_have_lost("broker-a", 4500) is lost
