@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 REGION = "DefaultRegion"             # what RocketMQ's clients write when no region is set
-TRACE_BATCH = 512                    # messages per trace message, at most
-KEYS_LIMIT = 24 << 10                # bytes of the trace message's KEYS property, at most
+TRACE_BATCH = 1024                   # messages per trace message, at most
+KEYS_LIMIT = 30 << 10                # bytes of the trace message's KEYS property, at most (< 32767)
 _IN_FLIGHT = 16                      # trace messages sent and not yet answered, at most
 C, F = "\x01", "\x02"
 
@@ -59,26 +59,31 @@ def trace_ids(batch: pa.RecordBatch) -> pa.Array:
 def encode(batch: pa.RecordBatch, group: str, request_id: str, now_ms: int, cost_ms: int
            ) -> tuple[pa.Array, pa.Array]:
     """(contexts, keys) per row: the SubBefore and SubAfter contexts of the row, and the keys its
-    trace message carries for it (its id and its own keys, each followed by a space)."""
+    trace message carries for it (its id and its own keys, each followed by a space). One pass
+    over the rows: the fields every row shares are joined once, into the separators."""
     ids = trace_ids(batch)
     keys = _text(pc.binary_join(batch.column("keys"), " "))
-    retry = pc.cast(pc.fill_null(batch.column("reconsumeTimes"), 0), pa.string())
+    retries = batch.column("reconsumeTimes")
+    if pc.max(retries).as_py() in (None, 0):
+        retry = pa.scalar("0")       # (nearly always: a message read from its topic, not redelivered)
+    else:
+        retry = pc.cast(pc.fill_null(retries, 0), pa.string())
     now, req = str(now_ms), request_id
-    before = pc.binary_join_element_wise("SubBefore", now, REGION, group, req, ids, retry, keys, C)
-    after = pc.binary_join_element_wise("SubAfter", req, ids, str(cost_ms), "true", keys, "0", now,
-                                        group, C)
-    contexts = pc.binary_join_element_wise(before, after, "", F)     # before F after F
-    index_keys = pc.replace_substring(pc.binary_join_element_wise(ids, keys, "", " "), "  ", " ")
+    contexts = pc.binary_join_element_wise(
+        f"SubBefore{C}{now}{C}{REGION}{C}{group}{C}{req}{C}", ids, C, retry, C, keys,
+        f"{F}SubAfter{C}{req}{C}", ids, f"{C}{cost_ms}{C}true{C}", keys,
+        f"{C}0{C}{now}{C}{group}{F}", "")
+    index_keys = pc.binary_join_element_wise(ids, " ", keys, " ", "")
     return contexts, index_keys
 
 
 def _joined(values: pa.Array, start: int, stop: int) -> bytes:
     """The UTF-8 bytes of ``values[start:stop]`` one after another (a string array's data)."""
-    part = values.slice(start, stop - start)
-    if not isinstance(part, pa.LargeStringArray):
-        part = part.cast(pa.large_string())
-    offsets = np.frombuffer(part.buffers()[1], dtype=np.int64)[part.offset:part.offset + len(part) + 1]
-    return part.buffers()[2].to_pybytes()[offsets[0]:offsets[-1]] if len(part) else b""
+    if start >= stop:
+        return b""
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32,
+                            count=stop - start + 1, offset=4 * (values.offset + start))
+    return values.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
 
 
 def chunks(index_keys: pa.Array) -> list[tuple[int, int]]:
