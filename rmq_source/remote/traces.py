@@ -37,7 +37,6 @@ from rmq_source.remote import requests as rq
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 REGION = "DefaultRegion"             # what RocketMQ's clients write when no region is set
 TRACE_BATCH = 1024                   # messages per trace message, at most
 KEYS_LIMIT = 30 << 10                # bytes of the trace message's KEYS property, at most (< 32767)
@@ -114,7 +113,7 @@ class ConsumeTraces:
         self._said = False
 
     def record(self, batch: pa.RecordBatch, cost_ms: int) -> None:
-        if not batch.num_rows or self._dropped < 0:
+        if not batch.num_rows:
             return
         request_id = uuid.uuid4().hex.upper()
         contexts, keys = encode(batch, self.group, request_id, int(time.time() * 1000), cost_ms)

@@ -14,11 +14,11 @@ def open_backend(opts) -> Backend:
         from rmq_source.remote.backend import PULL_GROUP
         from rmq_source.namespace import wrap
         backend = ClusterBackendSpec(opts.namesrv_addrs, opts.request_timeout_ms / 1000.0,
-                                  credentials=opts.credentials, tls=opts.tls,
-                                  pull_group=opts.consumer_group or wrap(opts.namespace, PULL_GROUP),
-                                  retries=opts.request_retries,
-                                  retry_backoff_s=opts.retry_backoff_ms / 1000.0,
-                                  outage_s=opts.broker_outage_ms / 1000.0).open()
+                                     credentials=opts.credentials, tls=opts.tls,
+                                     pull_group=opts.consumer_group or wrap(opts.namespace, PULL_GROUP),
+                                     retries=opts.request_retries,
+                                     retry_backoff_s=opts.retry_backoff_ms / 1000.0,
+                                     outage_s=opts.broker_outage_ms / 1000.0).open()
         if opts.trace_topic is not None:
             _check_trace_topic(backend, opts.trace_topic)
         return backend
