@@ -30,10 +30,11 @@ def test_contexts_are_the_java_clients_form():
     assert traces._joined(contexts, 1, 3) == "".join(contexts.to_pylist()[1:3]).encode()
 
 
-@pytest.mark.parametrize("key_len, rows, expected", [
-    (10, 1200, [(0, 512), (512, 1024), (1024, 1200)]),          # rows per trace message
-    (4000, 20, [(0, 6), (6, 12), (12, 18), (18, 20)]),          # key bytes per trace message
-    (30000, 2, [(0, 1), (1, 2)]),                               # one row at least
+@pytest.mark.parametrize("key_len, rows, per_chunk", [
+    (10, 2500, traces.TRACE_BATCH),                             # rows per trace message
+    (4000, 20, traces.KEYS_LIMIT // 4000),                      # key bytes per trace message
+    (traces.KEYS_LIMIT + 10, 2, 1),                             # one row at least
 ])
-def test_chunks_bound_rows_and_key_bytes(key_len, rows, expected):
+def test_chunks_bound_rows_and_key_bytes(key_len, rows, per_chunk):
+    expected = [(i, min(rows, i + per_chunk)) for i in range(0, rows, per_chunk)]
     assert traces.chunks(pa.array(["k" * key_len] * rows)) == expected
