@@ -44,7 +44,9 @@ CHAINS = [
     ("alone-ordered", "orderly=true", 1,
      ["failing:20", "plan:1", "logged:1", "reading:20", "logged:3", "next:3"]),
     ("alone-unordered", "orderly=false", 1, ["logged:3", "next:3"]),
-    ("pair-ordered", "orderly=true", 2, ["logged:2", "reading:20"]),
+    # (a pair: the victim dies mid-read while its partner reads on; test_fault_group_kill kills
+    # one of two queries at a random point too)
+    ("pair-ordered", "orderly=true", 2, ["reading:20"]),
 ]
 
 
