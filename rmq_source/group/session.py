@@ -78,10 +78,9 @@ def member_options(opts) -> dict[str, str]:
     return out
 
 
-def _offset_in(offsets: dict, key: str) -> int | None:
-    """The offset of the queue named ``key`` (:func:`queue_key`) in Spark offsets ``offsets``."""
-    topic, broker, queue_id = parse_queue_key(key)
-    value = offsets.get(topic, {}).get(broker, {}).get(str(queue_id))
+def _offset_of(offsets: dict, mq: MessageQueue) -> int | None:
+    """The offset of ``mq`` in Spark offsets ``offsets`` (``{topic: {broker: {queueId: n}}}``)."""
+    value = offsets.get(mq.topic, {}).get(mq.broker_name, {}).get(str(mq.queue_id))
     return value if isinstance(value, int) else None
 
 
@@ -368,7 +367,8 @@ class GroupSession:
         committed = self.group_store.read_offsets(sorted(mqs), ReadOffsetType.READ_FROM_STORE)
         keep = set()
         for mq in mqs:
-            begin = int(start.get(mq.topic, {}).get(mq.broker_name, {}).get(str(mq.queue_id), -1))
+            begin = _offset_of(start, mq)
+            begin = -1 if begin is None else begin
             if committed.get(mq, -1) > begin >= 0:
                 log.warning("consumer group %r: queue %s moved to %d in the group since this batch was "
                             "planned from %d (another member read it): the re-run leaves it out",
@@ -436,9 +436,10 @@ class GroupSession:
         :meth:`first_batch_plan`).
         """
         key = plan_key(start, end)
-        names = sorted(queue_key(mq) for mq in read)
-        rec = {"key": key, "end": plan_key(end, end), "client": self.client_id, "read": names,
-               "from": [_offset_in(start, k) for k in names]}
+        queues = sorted(read, key=queue_key)
+        rec = {"key": key, "end": plan_key(end, end), "client": self.client_id,
+               "read": [queue_key(mq) for mq in queues],
+               "from": [_offset_of(start, mq) for mq in queues]}
         if first:
             rec["start"] = start
         self._batch_key = key

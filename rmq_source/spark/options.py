@@ -60,7 +60,7 @@ from rmq_source.spark.option_values import (CLASS_SPEC_RE, CLIENT_ID_RE, EARLIES
                                             NAME_RE, SECRET_NAME_RE, bool_option, choice, comma_list,
                                             consume_timestamp_ms, default_client_id, duration_ms,
                                             fail, int_option, namespace_option, parse_namesrv_addr,
-                                            parse_offsets_json, parse_queue_json, wrap_names,
+                                            parse_offsets_json, parse_queue_json, topic_name, wrap_names,
                                             wrap_queue_keys, wrap_topic_keys)
 from rmq_source.store.native import MAX_BATCH_BYTES
 from rmq_source.subscription import EXPRESSION_TYPES, SQL92, Subscription
@@ -197,10 +197,10 @@ def _trace_topic(opts: Mapping[str, str], namesrv_addrs) -> str | None:
     if not namesrv_addrs:
         raise RmqOptionError("option enableMsgTrace=true needs namesrvAddr: traces are messages "
                              "sent to the brokers' trace topic (a store folder has no broker)")
-    topic = opts.get("customizedTraceTopic", "RMQ_SYS_TRACE_TOPIC").strip()
-    if not NAME_RE.fullmatch(topic) or len(topic) > 127:
-        raise fail("customizedTraceTopic", topic, "expected a topic name (1..127 characters from "
-                   "[A-Za-z0-9_%|-])")
+    raw = opts.get("customizedTraceTopic", "RMQ_SYS_TRACE_TOPIC")
+    topic = topic_name("customizedTraceTopic", raw, raw.strip())
+    if len(topic) > 127:                       # (RocketMQ's TopicValidator limit)
+        raise fail("customizedTraceTopic", raw, "a topic name has at most 127 characters")
     return topic
 
 

@@ -58,7 +58,9 @@ def since_last_commit(store, taken: dict[MessageQueue, tuple[int, int]], held,
         if value == mine:
             continue
         key = (mq.broker_name, at_ms)
-        if value < 0 or (value < mine and asked.setdefault(key, store.may_have_lost(*key))):
+        if value < mine and value >= 0 and key not in asked:
+            asked[key] = store.may_have_lost(*key)      # (a request: once per broker and commit)
+        if value < 0 or (value < mine and asked[key]):
             lost[mq] = mine          # a restarted keeper: written again, as the Java client does
             continue
         found[mq] = (value, f"the group's progress changed from {mine}, committed by this query")

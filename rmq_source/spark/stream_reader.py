@@ -56,13 +56,6 @@ _SIZE_SAMPLE = 1024          # units read per queue to estimate a large backlog'
 _MIN_RECORD_SIZE = 91        # the smallest CommitLog record (format doc §3.2)
 
 
-def _per_topic(counts: dict[MessageQueue, int]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for mq, n in counts.items():
-        out[mq.topic] = out.get(mq.topic, 0) + n
-    return out
-
-
 class RmqStreamReader(StreamReaderBase):
     """Micro-batches over the queues of the query, with admission control and group commits.
 
@@ -208,8 +201,10 @@ class RmqStreamReader(StreamReaderBase):
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial)
-            self.session.planned.add({mq.topic: 0 for mq in read} | _per_topic(
-                {mq: end[mq] - starts[mq] for mq in read if end[mq] > starts[mq]}))
+            per_topic = dict.fromkeys((mq.topic for mq in read), 0)
+            for mq in read:
+                per_topic[mq.topic] += max(0, end[mq] - starts[mq])
+            self.session.planned.add(per_topic)
             if self._target is not None and end == starts and not self._away and all(
                     latest[mq] >= self._target.get(mq, 0) for mq in read):
                 # Trigger.AvailableNow is done (Spark may not stop this process promptly): give
