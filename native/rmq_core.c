@@ -53,4 +53,5 @@ _Static_assert(RMQ_NBUF == 34, "rmq_batch.bufs size must match RMQ_NBUF");
 #include "core/netpull.c"
 #include "core/sql92.c"
 #include "core/sinkenc.c"
+#include "core/traces.c"
 #include "core/export.c"

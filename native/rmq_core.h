@@ -425,6 +425,36 @@ int64_t rmq_sink_plan(const rmq_sink_rows *rows, int64_t from, const rmq_sink_li
  * is that of task row task_row0 + r. */
 int rmq_sink_encode(const rmq_sink_rows *rows, int64_t from, int64_t to, const rmq_blake2b *uniq,
                     int64_t task_row0, uint8_t *out, int64_t out_len, rmq_error *err);
+/* -- message traces: contexts of many messages at once (core/traces.c) ------------------------- */
+/* The four texts every message's context is made with (their meaning: core/traces.c). */
+typedef struct rmq_trace_texts {
+    const char *text[4];
+    int64_t len[4];
+} rmq_trace_texts;
+
+/* Rows read: the id is uniq when not null and not empty, else msg_id; keys as in rmq_sink_rows
+ * (key_lists NULL: no row has keys); retries: reconsumeTimes (NULL: 0 for every row). */
+typedef struct rmq_trace_sub_rows {
+    int64_t n;
+    rmq_sink_col uniq, msg_id, keys;
+    const int64_t *key_lists;
+    const uint8_t *key_lists_valid;
+    int64_t key_items;
+    const int32_t *retries;
+    const uint8_t *retries_valid;
+} rmq_trace_sub_rows;
+
+/* SubBefore/SubAfter contexts of every row into out (ends[r]: where row r's ends) and its keys
+ * into keys_out (key_ends[r]); RMQ_E_ARG when a capacity is too small. */
+int rmq_trace_sub(const rmq_trace_sub_rows *rows, const rmq_trace_texts *t, uint8_t *out, int64_t cap,
+                  int64_t *ends, uint8_t *keys_out, int64_t keys_cap, int64_t *key_ends,
+                  rmq_error *err);
+/* Pub contexts of the count messages of a SEND_BATCH_MESSAGE body; offset_ids: the broker's
+ * answer (offset message ids joined by commas, message i's is the i-th). */
+int rmq_trace_pub(const uint8_t *batch, int64_t len, int64_t count, const char *offset_ids,
+                  int64_t offset_ids_len, const rmq_trace_texts *t, uint8_t *out, int64_t cap,
+                  int64_t *ends, uint8_t *keys_out, int64_t keys_cap, int64_t *key_ends,
+                  rmq_error *err);
 /* CDEF END */
 
 #endif

@@ -1,24 +1,19 @@
-"""RocketMQ message traces of what a query consumed (option ``enableMsgTrace``).
+"""RocketMQ message traces (option ``enableMsgTrace``): what a query consumed, what the sink sent.
 
-A RocketMQ consumer with message traces on sends, for every message it consumes, a SubBefore and
-a SubAfter context to the trace topic (``RMQ_SYS_TRACE_TOPIC`` unless ``customizedTraceTopic``),
-many contexts to one trace message whose keys are the traced messages' ids, so that
-``mqadmin queryMsgTraceById -i <msgId>`` and the Dashboard find them through the broker's key
-index. The contexts, as RocketMQ's ``TraceDataEncoder`` writes them (\\1 and \\2 are the
-characters 1 and 2; 4.9 and 5.3 read the same form)::
+A RocketMQ client with message traces on sends, for every message it consumes, a SubBefore and a
+SubAfter context, and for every message it sends a Pub context, to the trace topic
+(``RMQ_SYS_TRACE_TOPIC`` unless ``customizedTraceTopic``), many contexts to one trace message
+whose keys are the traced messages' ids, so that ``mqadmin queryMsgTraceById -i <msgId>`` and the
+Dashboard find them through the broker's key index. The contexts are those of RocketMQ's
+``TraceDataEncoder`` (4.9 and 5.3 read the same form); the C core writes them for a whole batch
+at once (native/core/traces.c has the byte layout). ``mqadmin`` shows per message the group, the
+time, the cost and the status, and the host that sent the trace message. ``msgId`` is the id
+RocketMQ's clients show for a message: its ``UNIQ_KEY``, else (consumed) the broker's ``msgId``.
 
-    SubBefore \\1 time \\1 region \\1 group \\1 requestId \\1 msgId \\1 retryTimes \\1 keys \\2
-    SubAfter \\1 requestId \\1 msgId \\1 costMs \\1 true \\1 keys \\1 0 \\1 time \\1 group \\2
-
-``mqadmin`` shows per message the group, the time and cost of its SubAfter and the host that sent
-the trace message. ``msgId`` is the id RocketMQ's clients show for a consumed message: its
-``UNIQ_KEY`` (``uniqKey``), else the broker's ``msgId``.
-
-A task records each Arrow batch it hands to Spark (:class:`ConsumeTraces`): the contexts are built
-column-wise (pyarrow, no per-row Python), at most ``TRACE_BATCH`` messages and ``KEYS_LIMIT``
-bytes of keys per trace message (a broker refuses properties over 32 KiB), sent without waiting;
-the answers are checked when the task ends. A trace that cannot be sent is logged and dropped, as
-RocketMQ's clients drop theirs: traces never fail a query.
+Trace messages carry at most ``TRACE_BATCH`` contexts and ``KEYS_LIMIT`` bytes of keys (a broker
+refuses properties over 32 KiB) and go without waiting (:class:`TraceSender`); the answers are
+checked when the task ends. A trace that cannot be sent is logged and dropped, as RocketMQ's
+clients drop theirs: traces never fail a query or a write.
 """
 from __future__ import annotations
 
@@ -27,13 +22,16 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rmq_source.errors import RmqRemotingError
+from rmq_source.native_columns import fill, lists
 from rmq_source.remote import requests as rq
+from rmq_source.store.native import _raise, ffi, lib
 
 log = logging.getLogger(__name__)
 
@@ -44,120 +42,248 @@ _IN_FLIGHT = 16                      # trace messages sent and not yet answered,
 C, F = "\x01", "\x02"
 
 
-def _text(values: pa.Array) -> pa.Array:
-    return pc.fill_null(values, "")
+@dataclass
+class Contexts:
+    """The trace contexts of ``n`` messages: message ``i``'s context is
+    ``data[ends[i-1]:ends[i]]`` (``ends[-1]`` taken as 0), the keys it is found by
+    ``keys[key_ends[i-1]:key_ends[i]]`` (each key followed by a space)."""
+
+    data: bytes
+    ends: np.ndarray
+    keys: bytes
+    key_ends: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.ends)
+
+    @staticmethod
+    def join(parts: list["Contexts"]) -> "Contexts":
+        if len(parts) == 1:
+            return parts[0]
+        data_at = np.cumsum([0] + [len(p.data) for p in parts[:-1]])
+        keys_at = np.cumsum([0] + [len(p.keys) for p in parts[:-1]])
+        return Contexts(b"".join(p.data for p in parts),
+                        np.concatenate([p.ends + at for p, at in zip(parts, data_at)]),
+                        b"".join(p.keys for p in parts),
+                        np.concatenate([p.key_ends + at for p, at in zip(parts, keys_at)]))
+
+    def _span(self, ends: np.ndarray, start: int, stop: int) -> tuple[int, int]:
+        return (int(ends[start - 1]) if start else 0), int(ends[stop - 1])
+
+    def slice(self, start: int, stop: int) -> "Contexts":
+        a, b = self._span(self.ends, start, stop)
+        ka, kb = self._span(self.key_ends, start, stop)
+        return Contexts(self.data[a:b], self.ends[start:stop] - a, self.keys[ka:kb],
+                        self.key_ends[start:stop] - ka)
+
+    def body(self, start: int, stop: int) -> bytes:
+        """The trace message body of messages ``start .. stop - 1``."""
+        a, b = self._span(self.ends, start, stop)
+        return self.data[a:b]
+
+    def keys_text(self, start: int, stop: int) -> str:
+        """The KEYS property of the trace message of messages ``start .. stop - 1``."""
+        a, b = self._span(self.key_ends, start, stop)
+        return self.keys[a:b].decode("utf-8", "replace").strip()
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """Message ranges of one trace message each: ``TRACE_BATCH`` messages and ``KEYS_LIMIT``
+        key bytes at most (one message at least)."""
+        sizes, out, start, n = self.key_ends, [], 0, self.n
+        while start < n:
+            base = sizes[start - 1] if start else 0
+            fit = int(np.searchsorted(sizes, base + KEYS_LIMIT, side="right"))
+            stop = min(n, start + TRACE_BATCH, max(fit, start + 1))
+            out.append((start, stop))
+            start = stop
+        return out
 
 
-def trace_ids(batch: pa.RecordBatch) -> pa.Array:
-    """The id RocketMQ's clients show for each consumed row: ``uniqKey``, else ``msgId``."""
-    uniq = batch.column("uniqKey")
-    return pc.if_else(pc.fill_null(pc.greater(pc.utf8_length(uniq), 0), False), uniq,
-                      _text(batch.column("msgId")))
+def _texts(*texts: str):
+    raw = [t.encode() for t in texts]
+    t = ffi.new("rmq_trace_texts *")
+    keep = [ffi.new("char[]", r) for r in raw]
+    for k, (r, c) in enumerate(zip(raw, keep)):
+        t.text[k], t.len[k] = c, len(r)
+    return t, keep
 
 
-def encode(batch: pa.RecordBatch, group: str, request_id: str, now_ms: int, cost_ms: int
-           ) -> tuple[pa.Array, pa.Array]:
-    """(contexts, keys) per row: the SubBefore and SubAfter contexts of the row, and the keys its
-    trace message carries for it (its id and its own keys, each followed by a space). One pass
-    over the rows: the fields every row shares are joined once, into the separators."""
-    ids = trace_ids(batch)
-    keys = _text(pc.binary_join(batch.column("keys"), " "))
+def _run(fn, n: int, cap: int, keys_cap: int, *args) -> Contexts:
+    out, keys = bytearray(cap), bytearray(keys_cap)
+    ends, key_ends = np.empty(max(n, 1), np.int64), np.empty(max(n, 1), np.int64)
+    err = ffi.new("rmq_error *")
+    if fn(*args, ffi.from_buffer(out), cap, ffi.from_buffer("int64_t[]", ends), ffi.from_buffer(keys),
+          keys_cap, ffi.from_buffer("int64_t[]", key_ends), err):
+        _raise(err)
+    ends, key_ends = ends[:n], key_ends[:n]
+    return Contexts(bytes(out[:ends[-1] if n else 0]), ends,
+                    bytes(keys[:key_ends[-1] if n else 0]), key_ends)
+
+
+def _size(arr: pa.Array) -> int:
+    return arr.buffers()[2].size if arr.buffers()[2] is not None else 0
+
+
+def sub_contexts(batch: pa.RecordBatch, group: str, request_id: str, now_ms: int, cost_ms: int
+                 ) -> Contexts:
+    """The SubBefore and SubAfter contexts of each row of a batch read (its ``uniqKey``,
+    ``msgId``, ``keys`` and ``reconsumeTimes`` columns)."""
+    n, keep = batch.num_rows, []
+    rows = ffi.new("rmq_trace_sub_rows *")
+    rows.n = n
+    uniq, msg_id, keys = batch.column("uniqKey"), batch.column("msgId"), batch.column("keys")
+    fill(rows.uniq, uniq, keep)
+    fill(rows.msg_id, msg_id, keep)
+    key_bytes = 0
+    if keys.null_count < n and len(keys.values):
+        rows.key_lists, rows.key_lists_valid, _, _ = lists(keys, keep)
+        rows.key_items = len(keys.values)
+        fill(rows.keys, keys.values, keep)
+        key_bytes = _size(keys.values) + len(keys.values)
     retries = batch.column("reconsumeTimes")
-    if pc.max(retries).as_py() in (None, 0):
-        retry = pa.scalar("0")       # (nearly always: a message read from its topic, not redelivered)
-    else:
-        retry = pc.cast(pc.fill_null(retries, 0), pa.string())
+    if retries.null_count < n and retries.buffers()[1] is not None:
+        values = np.frombuffer(retries.buffers()[1], np.int32)[retries.offset:retries.offset + n]
+        keep.append(values)
+        rows.retries = ffi.from_buffer("int32_t[]", values)
+        if retries.null_count:
+            valid = retries.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)
+            keep.append(valid)
+            rows.retries_valid = ffi.from_buffer("uint8_t[]", valid)
     now, req = str(now_ms), request_id
-    contexts = pc.binary_join_element_wise(
-        f"SubBefore{C}{now}{C}{REGION}{C}{group}{C}{req}{C}", ids, C, retry, C, keys,
-        f"{F}SubAfter{C}{req}{C}", ids, f"{C}{cost_ms}{C}true{C}", keys,
-        f"{C}0{C}{now}{C}{group}{F}", "")
-    index_keys = pc.binary_join_element_wise(ids, " ", keys, " ", "")
-    return contexts, index_keys
+    texts, keep_texts = _texts(f"SubBefore{C}{now}{C}{REGION}{C}{group}{C}{req}{C}",
+                               f"{F}SubAfter{C}{req}{C}", f"{C}{cost_ms}{C}true{C}",
+                               f"{C}0{C}{now}{C}{group}{F}")
+    ids = _size(uniq) + _size(msg_id)
+    fixed = sum(texts.len[k] for k in range(4)) + 16
+    return _run(lib.rmq_trace_sub, n, n * fixed + 2 * (ids + key_bytes), n * 2 + ids + key_bytes,
+                rows, texts)
 
 
-def _joined(values: pa.Array, start: int, stop: int) -> bytes:
-    """The UTF-8 bytes of ``values[start:stop]`` one after another (a string array's data)."""
-    if start >= stop:
-        return b""
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32,
-                            count=stop - start + 1, offset=4 * (values.offset + start))
-    return values.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
+def pub_contexts(encoded: bytes, count: int, offset_ids: str, *, group: str, topic: str,
+                 store_host: str, region: str, sent_ms: int, cost_ms: int) -> Contexts:
+    """The Pub contexts of the ``count`` messages of a SEND_BATCH_MESSAGE body the broker
+    stored (``offset_ids``: its answer's ``msgId``, one per message, joined by commas)."""
+    texts, keep = _texts(f"Pub{C}{sent_ms}{C}{region}{C}{group}{C}{topic}{C}", f"{C}{store_host}{C}",
+                         f"{C}{cost_ms}{C}", f"{C}true{F}")
+    ids = offset_ids.encode()
+    fixed = sum(texts.len[k] for k in range(4)) + 16
+    return _run(lib.rmq_trace_pub, count, count * fixed + len(encoded) + len(ids),
+                2 * count + len(encoded), encoded, len(encoded), count, ids, len(ids), texts)
 
 
-def chunks(index_keys: pa.Array) -> list[tuple[int, int]]:
-    """Row ranges of one trace message each: ``TRACE_BATCH`` rows and ``KEYS_LIMIT`` key bytes
-    at most (one row at least)."""
-    sizes = np.cumsum(pc.binary_length(index_keys).to_numpy(zero_copy_only=False))
-    out, start, n = [], 0, len(index_keys)
-    while start < n:
-        base = sizes[start - 1] if start else 0
-        fit = int(np.searchsorted(sizes, base + KEYS_LIMIT, side="right"))
-        stop = min(n, start + TRACE_BATCH, max(fit, start + 1))
-        out.append((start, stop))
-        start = stop
-    return out
+class TraceSender:
+    """Sends the trace messages of one task, round robin over the trace topic's writable queues
+    (``queues()``: [(broker name, queue id)], asked once), without waiting: at most
+    ``_IN_FLIGHT`` unanswered. ``send(broker, queue id, body, properties)`` starts a send and
+    returns its call (answered through ``client``). Contexts wait until ``TRACE_BATCH`` of them
+    are there (:meth:`add`) or the task ends (:meth:`close`)."""
 
-
-class ConsumeTraces:
-    """The traces of one task: :meth:`record` each batch handed to Spark, :meth:`close` at the
-    end. ``backend`` is the task's ClusterBackend; ``group`` the consumer group (as the brokers
-    name it)."""
-
-    def __init__(self, backend, topic: str, group: str):
-        self.backend, self.topic, self.group = backend, topic, group
-        self._queues = None                   # [(broker name, queue id)] of the trace topic
+    def __init__(self, topic: str, group: str, client, queues: Callable[[], list],
+                 send: Callable):
+        self.topic, self.group, self.client = topic, group, client
+        self._queues_of, self._send_to = queues, send
+        self._queues = None
         self._next = itertools.count()
-        self._pending: list = []              # (Call, rows)
+        self._waiting: list[Contexts] = []
+        self._waiting_n = 0
+        self._pending: list = []              # (Call, messages)
         self._dropped = 0
         self._said = False
 
-    def record(self, batch: pa.RecordBatch, cost_ms: int) -> None:
-        if not batch.num_rows:
+    def add(self, contexts: Contexts) -> None:
+        if not contexts.n:
             return
-        request_id = uuid.uuid4().hex.upper()
-        contexts, keys = encode(batch, self.group, request_id, int(time.time() * 1000), cost_ms)
-        for start, stop in chunks(keys):
-            self._send(_joined(contexts, start, stop), _joined(keys, start, stop).decode().strip(),
-                       stop - start)
+        self._waiting.append(contexts)
+        self._waiting_n += contexts.n
+        if self._waiting_n >= TRACE_BATCH:
+            self._flush(keep_tail=True)
 
-    def _send(self, body: bytes, keys: str, rows: int) -> None:
+    def _flush(self, keep_tail: bool) -> None:
+        if not self._waiting:
+            return
+        joined = Contexts.join(self._waiting)
+        self._waiting, self._waiting_n = [], 0
+        chunks = joined.chunks()
+        if keep_tail and chunks[-1][1] - chunks[-1][0] < TRACE_BATCH:
+            tail = joined.slice(*chunks.pop())      # (sent with the next contexts, or at the end)
+            self._waiting, self._waiting_n = [tail], tail.n
+        for start, stop in chunks:
+            self._send(joined.body(start, stop), joined.keys_text(start, stop), stop - start)
+
+    def _send(self, body: bytes, keys: str, n: int) -> None:
         try:
             if self._queues is None:
-                route = self.backend.route(self.topic)
-                self._queues = [(b, q) for b, n in sorted(route.write_queues().items())
-                                for q in range(n)]
+                self._queues = list(self._queues_of())
                 if not self._queues:
                     raise RmqRemotingError(f"trace topic {self.topic!r} has no writable queue")
             broker, queue_id = self._queues[next(self._next) % len(self._queues)]
-            props = rq.props_bytes({"KEYS": keys, "WAIT": "true"})
-            call = self.backend._call(broker, lambda addr: rq.send_one_call(
-                self.backend.client, addr, self.topic, body, props, queue_id=queue_id,
-                born_ms=int(time.time() * 1000), producer_group=f"_INNER_TRACE_PRODUCER-{self.group}",
-                broker_name=broker))
-            self._pending.append((call, rows))
+            call = self._send_to(broker, queue_id, body, rq.props_bytes({"KEYS": keys, "WAIT": "true"}))
+            self._pending.append((call, n))
             if len(self._pending) >= _IN_FLIGHT:
                 self._settle(self._pending.pop(0))
         except RmqRemotingError as exc:
-            self._drop(rows, exc)
+            self._drop(n, exc)
 
     def _settle(self, item) -> None:
-        call, rows = item
+        call, n = item
         try:
-            self.backend.client.answer(call)
+            self.client.answer(call)
         except RmqRemotingError as exc:
-            self._drop(rows, exc)
+            self._drop(n, exc)
 
-    def _drop(self, rows: int, exc: Exception) -> None:
-        self._dropped += rows
+    def _drop(self, n: int, exc: Exception) -> None:
+        self._dropped += n
         if not self._said:
             self._said = True
-            log.error("message traces of consumer group %r to topic %r are dropped (traces never "
-                      "fail a query): %s", self.group, self.topic, exc)
+            log.error("message traces of group %r to topic %r are dropped (traces never fail a "
+                      "query or a write): %s", self.group, self.topic, exc)
 
     def close(self) -> None:
+        """Sends what waits and checks every answer."""
+        self._flush(keep_tail=False)
         while self._pending:
             self._settle(self._pending.pop(0))
         if self._dropped:
             log.error("message traces of %d message(s) were dropped (pid %d)", self._dropped,
                       os.getpid())
+
+    def abandon(self) -> None:
+        """The task failed: what waits is dropped, calls in flight are cancelled."""
+        for call, _ in self._pending:
+            call.cancel()
+        self._pending, self._waiting, self._waiting_n = [], [], 0
+
+
+def trace_producer_group(group: str) -> str:
+    """The producer group the trace messages of ``group``'s traces are sent as."""
+    return f"_INNER_TRACE_PRODUCER-{group}"
+
+
+class ConsumeTraces:
+    """The traces of one task reading: :meth:`record` each batch handed to Spark, :meth:`close`
+    at the end. ``backend`` is the task's ClusterBackend; ``group`` the consumer group (as the
+    brokers name it)."""
+
+    def __init__(self, backend, topic: str, group: str):
+        self.group = group
+
+        def queues():
+            return [(b, q) for b, n in sorted(backend.route(topic).write_queues().items())
+                    for q in range(n)]
+
+        def send(broker, queue_id, body, props):
+            return backend._call(broker, lambda addr: rq.send_one_call(
+                backend.client, addr, topic, body, props, queue_id=queue_id,
+                born_ms=int(time.time() * 1000), producer_group=trace_producer_group(group),
+                broker_name=broker))
+
+        self.sender = TraceSender(topic, group, backend.client, queues, send)
+
+    def record(self, batch: pa.RecordBatch, cost_ms: int) -> None:
+        if batch.num_rows:
+            self.sender.add(sub_contexts(batch, self.group, uuid.uuid4().hex.upper(),
+                                         int(time.time() * 1000), cost_ms))
+
+    def close(self) -> None:
+        self.sender.close()

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_source.errors import RmqSinkRowError
+from rmq_source.native_columns import fill, lists
 from rmq_source.sink.columns import RESERVED_PROPERTIES, messages
 from rmq_source.sink.options import SinkOptions
 from rmq_source.sink.uniq import PERSON, TaskKeys
@@ -67,41 +68,6 @@ class EncodedBatch:
     data: bytes
 
 
-def _offsets(buf: pa.Buffer, wide: bool, start: int, n: int) -> np.ndarray:
-    off = np.frombuffer(buf, dtype=np.int64 if wide else np.int32)[start:start + n + 1]
-    return off if wide else off.astype(np.int64)
-
-
-def _valid(arr: pa.Array) -> np.ndarray | None:
-    if not arr.null_count:
-        return None
-    return arr.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)
-
-
-def _fill(col, arr: pa.Array, keep: list) -> None:
-    """Points ``col`` (an ``rmq_sink_col``) at a binary/string array; ``keep`` holds the memory."""
-    bufs = arr.buffers()
-    off = _offsets(bufs[1], _is((pa.types.is_large_binary, pa.types.is_large_string), arr.type),
-                   arr.offset, len(arr))
-    data = bufs[2]
-    valid = _valid(arr)
-    keep.extend((off, valid, data))
-    col.off = ffi.from_buffer("int64_t[]", off)
-    col.data = ffi.NULL if data is None or data.size == 0 else ffi.cast("const uint8_t *", data.address)
-    col.data_len = 0 if data is None else data.size
-    col.valid = ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid)
-
-
-def _lists(arr: pa.Array, keep: list):
-    """(offsets pointer, validity pointer or NULL, offsets, validity) of a list or map array;
-    ``keep`` holds the memory."""
-    lists = _offsets(arr.buffers()[1], pa.types.is_large_list(arr.type), arr.offset, len(arr))
-    valid = _valid(arr)
-    keep.extend((lists, valid))
-    return (ffi.from_buffer("int64_t[]", lists),
-            ffi.NULL if valid is None else ffi.from_buffer("uint8_t[]", valid), lists, valid)
-
-
 class BatchEncoder:
     """Encodes the rows of one task (their Arrow batches in order) into :class:`EncodedBatch`\\ es."""
 
@@ -121,17 +87,17 @@ class BatchEncoder:
         n = batch.num_rows
         rows, keep = ffi.new("rmq_sink_rows *"), []
         rows.n = n
-        _fill(rows.body, batch.column(batch.schema.get_field_index("body")), keep)
+        fill(rows.body, batch.column(batch.schema.get_field_index("body")), keep)
         if (i := batch.schema.get_field_index("tags")) >= 0:
-            _fill(rows.tags, batch.column(i), keep)
+            fill(rows.tags, batch.column(i), keep)
         if (i := batch.schema.get_field_index("keys")) >= 0:
             keys = batch.column(i)
             if _is(_LIST, keys.type):
-                rows.key_lists, rows.key_lists_valid, _, _ = _lists(keys, keep)
+                rows.key_lists, rows.key_lists_valid, _, _ = lists(keys, keep)
                 rows.key_items = len(keys.values)
-                _fill(rows.keys, keys.values, keep)
+                fill(rows.keys, keys.values, keep)
             else:
-                _fill(rows.keys, keys, keep)
+                fill(rows.keys, keys, keep)
         if (i := batch.schema.get_field_index("properties")) >= 0:
             self._properties(rows, batch, i, first_row, keep)
         ends, sizes = np.empty(n + 1, np.int64), np.empty(n + 1, np.int64)
@@ -171,10 +137,10 @@ class BatchEncoder:
         or value that is blank (checked row by row where it may be) is marked bad."""
         props, n = batch.column(i), batch.num_rows
         names, values = props.keys, props.items
-        rows.prop_lists, rows.prop_lists_valid, lists, valid = _lists(props, keep)
+        rows.prop_lists, rows.prop_lists_valid, starts, valid = lists(props, keep)
         rows.prop_entries = len(names)
-        _fill(rows.prop_names, names, keep)
-        _fill(rows.prop_values, values, keep)
+        fill(rows.prop_names, names, keep)
+        fill(rows.prop_values, values, keep)
         if not len(names):
             return
         doubt = pc.or_kleene(pc.invert(pc.match_substring_regex(names, _VISIBLE)),
@@ -184,8 +150,8 @@ class BatchEncoder:
         if not len(entries):
             return
         # the rows holding those entries (a null row's entries are not its properties)
-        owner = np.searchsorted(lists, entries, side="right") - 1
-        for r in np.unique(owner[(entries >= lists[0]) & (entries < lists[-1])]):
+        owner = np.searchsorted(starts, entries, side="right") - 1
+        for r in np.unique(owner[(entries >= starts[0]) & (entries < starts[-1])]):
             if valid is not None and not valid[r]:
                 continue
             if self._row_error(batch, int(r), first_row) is not None:
