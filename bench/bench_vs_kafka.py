@@ -48,8 +48,8 @@ import time
 from pathlib import Path
 
 import common
-from common import (ensure_ceiling_files, jvm_pid, print_machine, print_table, register_ceiling_source,
-                    spark_session, tree_cpu_seconds)
+from common import (ensure_ceiling_files, jvm_pid, measured, print_machine, print_table,
+                    register_ceiling_source, spark_session, tree_cpu_seconds)
 from kafka_server import KafkaServer
 from python_floor import PythonFloorDataSource
 
@@ -215,21 +215,6 @@ def sources(spark, kafka, cluster, topic: str):
         "rmq live": (lambda r: rmq_live(r, cluster, topic), "maxMessagesPerTrigger", bpid),
         "rmq store": (lambda r: rmq_store(r, cluster, topic), "maxMessagesPerTrigger", None),
     }
-
-
-def measured(spark, server_pid, run) -> tuple[float, float, float]:
-    """(wall s, Spark CPU s: JVM + Python workers + driver, server CPU s) of ``run()``."""
-    import resource
-    jvm = jvm_pid(spark)
-    self0 = resource.getrusage(resource.RUSAGE_SELF)
-    s0, k0, t0 = tree_cpu_seconds(jvm), server_pid and tree_cpu_seconds(server_pid), time.perf_counter()
-    run()
-    wall = time.perf_counter() - t0
-    self1 = resource.getrusage(resource.RUSAGE_SELF)
-    driver = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)
-    spark_cpu = tree_cpu_seconds(jvm) - s0 + driver
-    server = (tree_cpu_seconds(server_pid) - k0) if server_pid else 0.0
-    return wall, spark_cpu, server
 
 
 def batch_rounds(spark, srcs, messages: int, repeat: int, ceiling: Path) -> dict:

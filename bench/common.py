@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -211,6 +212,20 @@ def tree_cpu_seconds(root_pid: int) -> float:
         if p == root_pid:
             total += t
     return total
+
+
+def measured(spark, server_pid, run) -> tuple[float, float, float]:
+    """(wall s, Spark CPU s: JVM + Python workers + driver, server CPU s) of ``run()``."""
+    jvm = jvm_pid(spark)
+    self0 = resource.getrusage(resource.RUSAGE_SELF)
+    s0, k0, t0 = tree_cpu_seconds(jvm), server_pid and tree_cpu_seconds(server_pid), time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    self1 = resource.getrusage(resource.RUSAGE_SELF)
+    driver = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)
+    spark_cpu = tree_cpu_seconds(jvm) - s0 + driver
+    server = (tree_cpu_seconds(server_pid) - k0) if server_pid else 0.0
+    return wall, spark_cpu, server
 
 
 def jvm_pid(spark) -> int:

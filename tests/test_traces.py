@@ -24,7 +24,7 @@ def _batch(n, msg_ids, uniq, keys, retries):
 
 
 def _split(ctx: traces.Contexts, i: int) -> list[list[str]]:
-    return [field.split("\x01") for field in ctx.body(i, i + 1).decode().split("\x02")[:-1]]
+    return [field.split("\x01") for field in str(ctx.body(i, i + 1), "utf-8").split("\x02")[:-1]]
 
 
 def _keys(ctx: traces.Contexts) -> list[str]:

@@ -33,9 +33,14 @@ static inline int tput(trace_out *o, const void *src, int64_t n) {
 static inline int tbyte(trace_out *o, uint8_t b) { return tput(o, &b, 1); }
 
 static int tdecimal(trace_out *o, int64_t v) {
-    char buf[24];
-    int n = snprintf(buf, sizeof buf, "%lld", (long long)v);
-    return tput(o, buf, n);
+    char buf[24], *q = buf + sizeof buf;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        *--q = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) *--q = '-';
+    return tput(o, q, buf + sizeof buf - q);
 }
 
 static int texts_check(const rmq_trace_texts *t, rmq_error *err) {

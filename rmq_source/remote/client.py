@@ -164,10 +164,12 @@ class Connection:
         return self.send(code, ext_fields, body, timeout=timeout).result()
 
     def send(self, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
-             timeout: float = DEFAULT_TIMEOUT) -> Call:
-        """Send a request without waiting for its answer: :meth:`Call.result` waits for it."""
+             timeout: float = DEFAULT_TIMEOUT, serialize_type: int | None = None) -> Call:
+        """Send a request without waiting for its answer: :meth:`Call.result` waits for it.
+        ``serialize_type``: this request's header form, when not the connection's (servers
+        answer in the request's)."""
         cmd = RemotingCommand(code, self._fields(ext_fields, body), body,
-                              serialize_type=self.serialize_type)
+                              serialize_type=serialize_type or self.serialize_type)
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
         pending = _Pending()
         with self._lock:
@@ -515,11 +517,12 @@ class RemotingClient:
         return self.answer(self.send(addr, code, ext_fields, body, timeout=timeout), ok=ok)
 
     def send(self, addr: str, code: int, ext_fields: dict | None = None, body: bytes = b"", *,
-             timeout: float | None = None) -> Call:
+             timeout: float | None = None, serialize_type: int | None = None) -> Call:
         """Send without waiting (several requests in flight on one connection); :meth:`answer`
         waits for the answer and checks it."""
         return self.connection(addr).send(code, ext_fields, body,
-                                          timeout=self.timeout if timeout is None else timeout)
+                                          timeout=self.timeout if timeout is None else timeout,
+                                          serialize_type=serialize_type)
 
     def answer(self, call: Call, *, ok: tuple[int, ...] | None = (0,)) -> RemotingCommand:
         """The answer of ``call``; with ``ok`` other codes raise RmqBrokerError, a refusal of the

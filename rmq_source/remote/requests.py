@@ -24,7 +24,7 @@ from typing import Iterable, Mapping
 from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqRemotingProtocolError
 from rmq_source.remote.client import Call, RemotingClient, check
-from rmq_source.remote.frames import RemotingCommand, loads_fastjson
+from rmq_source.remote.frames import SERIALIZE_ROCKETMQ, RemotingCommand, loads_fastjson
 
 # request codes
 SEND_MESSAGE = 10
@@ -336,14 +336,17 @@ def send_batch_call(client: RemotingClient, broker: str, topic: str, encoded: by
 def send_one_call(client: RemotingClient, broker: str, topic: str, body: bytes, props: bytes, *,
                   queue_id: int, born_ms: int, flag: int = 0, sys_flag: int = 0,
                   producer_group: str = "rmq_source_producer", broker_name: str | None = None,
-                  timeout: float | None = None) -> Call:
-    """SEND_MESSAGE of one message with encoded properties, without waiting."""
+                  timeout: float | None = None, binary_header: bool = False) -> Call:
+    """SEND_MESSAGE of one message with encoded properties, without waiting. ``binary_header``:
+    RocketMQ's binary header form instead of JSON (large properties, as a trace message's KEYS,
+    cost no escaping)."""
     return client.send(broker, SEND_MESSAGE, _to_broker({
         "producerGroup": producer_group, "topic": topic, "defaultTopic": DEFAULT_TOPIC,
         "defaultTopicQueueNums": 4, "queueId": queue_id, "sysFlag": sys_flag, "bornTimestamp": born_ms,
         "flag": flag, "properties": props.decode(), "reconsumeTimes": 0, "unitMode": "false",
         "batch": "false",
-    }, broker_name), body, timeout=timeout)
+    }, broker_name), body, timeout=timeout,
+        serialize_type=SERIALIZE_ROCKETMQ if binary_header else None)
 
 
 def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterable[dict], *,

@@ -48,9 +48,9 @@ class Contexts:
     ``data[ends[i-1]:ends[i]]`` (``ends[-1]`` taken as 0), the keys it is found by
     ``keys[key_ends[i-1]:key_ends[i]]`` (each key followed by a space)."""
 
-    data: bytes
+    data: bytes | memoryview
     ends: np.ndarray
-    keys: bytes
+    keys: bytes | memoryview
     key_ends: np.ndarray
 
     @property
@@ -77,7 +77,7 @@ class Contexts:
         return Contexts(self.data[a:b], self.ends[start:stop] - a, self.keys[ka:kb],
                         self.key_ends[start:stop] - ka)
 
-    def body(self, start: int, stop: int) -> bytes:
+    def body(self, start: int, stop: int) -> bytes | memoryview:
         """The trace message body of messages ``start .. stop - 1``."""
         a, b = self._span(self.ends, start, stop)
         return self.data[a:b]
@@ -85,7 +85,7 @@ class Contexts:
     def keys_text(self, start: int, stop: int) -> str:
         """The KEYS property of the trace message of messages ``start .. stop - 1``."""
         a, b = self._span(self.key_ends, start, stop)
-        return self.keys[a:b].decode("utf-8", "replace").strip()
+        return str(self.keys[a:b], "utf-8", "replace").strip()
 
     def chunks(self) -> list[tuple[int, int]]:
         """Message ranges of one trace message each: ``TRACE_BATCH`` messages and ``KEYS_LIMIT``
@@ -110,15 +110,16 @@ def _texts(*texts: str):
 
 
 def _run(fn, n: int, cap: int, keys_cap: int, *args) -> Contexts:
-    out, keys = bytearray(cap), bytearray(keys_cap)
+    # (np.empty: the C core writes every byte it reports; the views keep the arrays alive)
+    out, keys = np.empty(max(cap, 1), np.uint8), np.empty(max(keys_cap, 1), np.uint8)
     ends, key_ends = np.empty(max(n, 1), np.int64), np.empty(max(n, 1), np.int64)
     err = ffi.new("rmq_error *")
     if fn(*args, ffi.from_buffer(out), cap, ffi.from_buffer("int64_t[]", ends), ffi.from_buffer(keys),
           keys_cap, ffi.from_buffer("int64_t[]", key_ends), err):
         _raise(err)
     ends, key_ends = ends[:n], key_ends[:n]
-    return Contexts(bytes(out[:ends[-1] if n else 0]), ends,
-                    bytes(keys[:key_ends[-1] if n else 0]), key_ends)
+    return Contexts(memoryview(out)[:ends[-1] if n else 0], ends,
+                    memoryview(keys)[:key_ends[-1] if n else 0], key_ends)
 
 
 def _size(arr: pa.Array) -> int:
@@ -276,7 +277,7 @@ class ConsumeTraces:
             return backend._call(broker, lambda addr: rq.send_one_call(
                 backend.client, addr, topic, body, props, queue_id=queue_id,
                 born_ms=int(time.time() * 1000), producer_group=trace_producer_group(group),
-                broker_name=broker))
+                broker_name=broker, binary_header=True))
 
         self.sender = TraceSender(topic, group, backend.client, queues, send)
 
