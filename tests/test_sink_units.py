@@ -66,6 +66,8 @@ def test_publish_list_sorted_writable_with_master():
     ({**NS, "startingOffsets": "earliest"}, False, "unknown rmq sink option"),
     ({**NS, "topc": "x"}, False, "did you mean topic"),
     ({**NS, "clientId": "x"}, False, "unknown rmq sink option"),
+    ({**NS, "customizedTraceTopic": "X"}, False, "only applies with enableMsgTrace=true"),
+    ({**NS, "enableMsgTrace": "on"}, False, "enableMsgTrace"),
 ])
 def test_bad_options(options, streaming, match):
     with raises_rmq(RmqOptionError, match):
@@ -77,6 +79,8 @@ def test_options_defaults_and_write_id():
     assert a.write_id != b.write_id and a.batch_messages == 128 and a.require_store_ok
     assert parse_sink_options({**NS, "WRITEID": "job-7"}, streaming=False).write_id == "job-7"
     assert parse_sink_options(NS, streaming=True).write_id is None
+    assert a.trace_topic is None
+    assert parse_sink_options({**NS, "enableMsgTrace": "true"}, streaming=True).trace_topic == "RMQ_SYS_TRACE_TOPIC"
 
 
 def _schema(**cols):

@@ -43,6 +43,8 @@ def test_consumed_contexts_are_the_java_clients_form(sliced):
     rows = [_split(ctx, i)[0] for i in range(first, ctx.n)]
     assert [r[5] for r in rows] == ["OFF0", "OFF1", "U2"]        # uniqKey first, as clients show
     assert [r[6] for r in rows] == ["0", "2", "0"]
+    assert [r[7] for r in rows] == ["k1 k2", "null", "null"]      # (as Java writes a null String)
+    assert [_split(ctx, i)[1][5] for i in range(first, ctx.n)] == ["k1 k2", "null", "null"]
     assert _keys(ctx)[first:] == ["OFF0 k1 k2", "OFF1", "U2"]
     assert ctx.body(first, ctx.n) == b"".join(ctx.body(i, i + 1) for i in range(first, ctx.n))
 
@@ -54,7 +56,7 @@ def test_sent_contexts_are_the_java_clients_form():
                               region="R", sent_ms=1700000000000, cost_ms=5)
     assert _split(ctx, 0) == [["Pub", "1700000000000", "R", "PG", "Top", "U0", "T", "a b",
                                "127.0.0.1:10911", "3", "5", "0", "O0", "true"]]
-    assert _split(ctx, 1)[0][5:] == ["U1", "", "", "127.0.0.1:10911", "0", "5", "3", "O1", "true"]
+    assert _split(ctx, 1)[0][5:] == ["U1", "null", "null", "127.0.0.1:10911", "0", "5", "3", "O1", "true"]
     assert _keys(ctx) == ["U0 a b", "U1"]
 
 

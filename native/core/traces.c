@@ -13,6 +13,7 @@
  *          t2 = "\1<costMs>\1", t3 = "\1true\2"; type 3 (Delay_Msg) with a DELAY property, else
  *          0 (Normal_Msg); offsetMsgId the message's piece of the broker's comma-joined answer.
  *
+ * A message without keys or tags has "null" there, as Java's encoder writes a null String.
  * keys: the keys the message is found by (its id and its own keys, each followed by a space),
  * the KEYS property of the trace message carrying its context. ends[i] / key_ends[i]: where
  * message i's context / keys end in out / keys_out (they start where message i - 1's end).
@@ -31,6 +32,12 @@ static inline int tput(trace_out *o, const void *src, int64_t n) {
 }
 
 static inline int tbyte(trace_out *o, uint8_t b) { return tput(o, &b, 1); }
+
+/* a field that may be absent: "null" then, as Java's StringBuilder writes a null String (4.9's
+ * decoder needs the field there: String.split drops empty fields at the end of a context) */
+static inline int tfield(trace_out *o, const void *src, int64_t n) {
+    return n ? tput(o, src, n) : tput(o, "null", 4);
+}
 
 static int tdecimal(trace_out *o, int64_t v) {
     char buf[24], *q = buf + sizeof buf;
@@ -95,8 +102,9 @@ int rmq_trace_sub(const rmq_trace_sub_rows *rw, const rmq_trace_texts *t, uint8_
         keys_at = o.p;
         if (put_key_list(&o, rw, r)) return out_full(err, "output", cap, r);
         keys_len = o.p - keys_at;
-        if (tput(&o, t->text[1], t->len[1]) || tput(&o, id, id_len) || tput(&o, t->text[2], t->len[2]) ||
-            tput(&o, keys_at, keys_len) || tput(&o, t->text[3], t->len[3]))
+        if ((!keys_len && tfield(&o, NULL, 0)) || tput(&o, t->text[1], t->len[1]) ||
+            tput(&o, id, id_len) || tput(&o, t->text[2], t->len[2]) ||
+            tfield(&o, keys_len ? keys_at : NULL, keys_len) || tput(&o, t->text[3], t->len[3]))
             return out_full(err, "output", cap, r);
         ends[r] = o.p - out;
         if (tput(&k, id, id_len) || tbyte(&k, ' ') ||
@@ -165,7 +173,7 @@ int rmq_trace_pub(const uint8_t *batch, int64_t len, int64_t count, const char *
         if (!tags) tags_len = 0;
         if (!keys) keys_len = 0;
         if (tput(&o, t->text[0], t->len[0]) || tput(&o, id, id_len) || tbyte(&o, 1) ||
-            tput(&o, tags, tags_len) || tbyte(&o, 1) || tput(&o, keys, keys_len) ||
+            tfield(&o, tags, tags_len) || tbyte(&o, 1) || tfield(&o, keys, keys_len) ||
             tput(&o, t->text[1], t->len[1]) || tdecimal(&o, blen) || tput(&o, t->text[2], t->len[2]) ||
             tbyte(&o, delayed ? '3' : '0') || tbyte(&o, 1) || tput(&o, ids, id_stop - ids) ||
             tput(&o, t->text[3], t->len[3]))

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from rmq_source.errors import RmqRemotingError
+from rmq_source.errors import RmqRemotingError, RmqSourceError
 from rmq_source.native_columns import fill, lists
 from rmq_source.remote import requests as rq
 from rmq_source.store.native import _raise, ffi, lib
@@ -156,7 +156,7 @@ def sub_contexts(batch: pa.RecordBatch, group: str, request_id: str, now_ms: int
                                f"{F}SubAfter{C}{req}{C}", f"{C}{cost_ms}{C}true{C}",
                                f"{C}0{C}{now}{C}{group}{F}")
     ids = _size(uniq) + _size(msg_id)
-    fixed = sum(texts.len[k] for k in range(4)) + 16
+    fixed = sum(texts.len[k] for k in range(4)) + 40     # (numbers, separators, "null"s)
     return _run(lib.rmq_trace_sub, n, n * fixed + 2 * (ids + key_bytes), n * 2 + ids + key_bytes,
                 rows, texts)
 
@@ -168,7 +168,7 @@ def pub_contexts(encoded: bytes, count: int, offset_ids: str, *, group: str, top
     texts, keep = _texts(f"Pub{C}{sent_ms}{C}{region}{C}{group}{C}{topic}{C}", f"{C}{store_host}{C}",
                          f"{C}{cost_ms}{C}", f"{C}true{F}")
     ids = offset_ids.encode()
-    fixed = sum(texts.len[k] for k in range(4)) + 16
+    fixed = sum(texts.len[k] for k in range(4)) + 40     # (numbers, separators, "null"s)
     return _run(lib.rmq_trace_pub, count, count * fixed + len(encoded) + len(ids),
                 2 * count + len(encoded), encoded, len(encoded), count, ids, len(ids), texts)
 
@@ -223,14 +223,14 @@ class TraceSender:
             self._pending.append((call, n))
             if len(self._pending) >= _IN_FLIGHT:
                 self._settle(self._pending.pop(0))
-        except RmqRemotingError as exc:
+        except RmqSourceError as exc:     # (no route, no master, no connection: dropped)
             self._drop(n, exc)
 
     def _settle(self, item) -> None:
         call, n = item
         try:
             self.client.answer(call)
-        except RmqRemotingError as exc:
+        except RmqSourceError as exc:
             self._drop(n, exc)
 
     def _drop(self, n: int, exc: Exception) -> None:

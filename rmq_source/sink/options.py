@@ -18,7 +18,8 @@ from rmq_source.spark.option_values import (NAME_RE, fail, bool_option, int_opti
                                             parse_namesrv_addr, topic_name)
 from rmq_source.remote.tls import TlsConfig
 from rmq_source.spark.option_docs import OPTION_DOCS
-from rmq_source.spark.options import TLS_OPTIONS, normalise_options, parse_credentials, parse_tls
+from rmq_source.spark.options import (TLS_OPTIONS, normalise_options, parse_credentials, parse_tls,
+                                      trace_topic_option)
 
 #: the broker's default maxMessageSize (4 MiB): a message, and a whole batch, must fit in it
 BROKER_MAX_MESSAGE_SIZE = 4 << 20
@@ -61,6 +62,12 @@ SINK_OPTION_DOCS: dict[str, tuple[str, str]] = {
     "requireStoreOk": ("true", "A send the broker stored but could not confirm (FLUSH_DISK_TIMEOUT, "
                                "FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE) is tried again and fails "
                                "the task if never confirmed; false accepts it."),
+    "enableMsgTrace": ("false", "true: every message sent is recorded in RocketMQ's message traces "
+                                "(a Pub context: producer group, topic, id, tags, keys, broker, "
+                                "cost, as RocketMQ's producers with enableMsgTrace), shown by mqadmin "
+                                "queryMsgTraceById and the Dashboard; the trace topic must exist "
+                                "(brokers with traceTopicEnable=true create it)."),
+    "customizedTraceTopic": OPTION_DOCS["customizedTraceTopic"],
     "writeId": ("a new id per write", "Batch writes: names the write in every message's UNIQ_KEY, "
                                       "so running the same write again (same rows, same "
                                       "partitioning) sends the same keys. Streaming queries use "
@@ -91,6 +98,8 @@ class SinkOptions:
     #: the client namespace: ``topic`` and ``producer_group`` are already wrapped in it, the
     #: rows' topics are wrapped as they are sent (rmq_source.namespace)
     namespace: str | None = None
+    #: enableMsgTrace: the topic the sent messages' traces go to (None: no traces)
+    trace_topic: str | None = None
 
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
@@ -134,4 +143,5 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         max_in_flight=number("maxInFlight", 8, 1, 1024),
         max_message_bytes=max_message,
         require_store_ok=bool_option("requireStoreOk", opts["requireStoreOk"]) if "requireStoreOk" in opts else True,
-        write_id=write_id, namespace=namespace)
+        write_id=write_id, namespace=namespace,
+        trace_topic=trace_topic_option(opts, parse_namesrv_addr(opts["namesrvAddr"])))

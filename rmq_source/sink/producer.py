@@ -93,6 +93,9 @@ class _Batch:
     attempts: int = 0
     #: when its broker first failed to answer it (monotonic s; None: it answered, or never failed)
     away_since: float | None = None
+    #: its last send: wall clock ms and the broker address (for its traces)
+    sent_ms: int = 0
+    sent_to: str = ""
 
     @classmethod
     def of(cls, messages: list[Outgoing], nbytes: int, *, single: bool = False) -> "_Batch":
@@ -160,6 +163,11 @@ class TaskProducer:
         self._buffer_limit = max(opts.batch_bytes * (2 * opts.max_in_flight + 2), 8 << 20)
         self._avoid: dict[str, float] = {}   # broker -> monotonic time until free sends avoid it
         self._max_in_flight = opts.max_in_flight   # (fewer through a Proxy: see _topic)
+        self._traces = None
+        if opts.trace_topic is not None:
+            from rmq_source.sink.traces import PublishTraces
+            self._traces = PublishTraces(opts, self.client,
+                                         lambda topic: fetch_route(self.client, opts, topic))
 
     # -- routes ---------------------------------------------------------------------------------
     def _topic(self, topic: str, *, refresh: bool = False) -> _Topic:
@@ -319,6 +327,7 @@ class TaskProducer:
         try:
             addr = self._master(lane)
             born = int(time.time() * 1000)
+            batch.sent_ms, batch.sent_to = born, addr
             timeout = self.opts.request_timeout_ms / 1000
             if batch.single:
                 m = batch.messages[0]
@@ -373,6 +382,8 @@ class TaskProducer:
                 self.stats.unconfirmed += batch.count
                 log.warning("partition %d, %s to %s: %s (accepted: requireStoreOk=false)", self.partition,
                             batch.rows(), lane.where(), STORE_STATUS[code])
+            if self._traces is not None:
+                self._trace(lane, batch, resp)
             self._done(lane, batch)
         elif code == MESSAGE_ILLEGAL or (code == 1 and "size exceeded" in (resp.remark or "")):
             self._fatal(lane, batch, code, resp.remark)     # 5.x says too large with SYSTEM_ERROR
@@ -381,6 +392,14 @@ class TaskProducer:
             self._failed(lane, batch, f"broker answered {name} ({code}): {resp.remark or '(no remark)'}", code)
         else:
             self._fatal(lane, batch, code, resp.remark)
+
+    def _trace(self, lane: _Lane, batch: _Batch, resp) -> None:
+        encoded = batch.encoded
+        if encoded is None:            # (a delayed message, sent alone)
+            m = batch.messages[0]
+            encoded = rq.encode_batch_encoded([(m.body, m.props, 0)])
+        self._traces.sent(lane.topic, encoded, batch.count, resp, batch.sent_to, batch.sent_ms,
+                          max(0, int(time.time() * 1000) - batch.sent_ms))
 
     def _done(self, lane: _Lane, batch: _Batch) -> None:
         lane.busy = False
@@ -448,6 +467,8 @@ class TaskProducer:
         for lane in self._lanes.values():
             self._close(lane)
         self._drain(lambda: False)
+        if self._traces is not None:
+            self._traces.close()
         return self.stats
 
     def _drain(self, enough) -> None:
@@ -471,6 +492,8 @@ class TaskProducer:
         for _, _, call in self._in_flight:
             call.cancel()
         self._in_flight.clear()
+        if self._traces is not None:
+            self._traces.abandon()
 
 
 class _NoMaster(Exception):

@@ -186,7 +186,7 @@ def _shown(name: str, value) -> str:
     return repr(value)
 
 
-def _trace_topic(opts: Mapping[str, str], namesrv_addrs) -> str | None:
+def trace_topic_option(opts: Mapping[str, str], namesrv_addrs) -> str | None:
     """``enableMsgTrace``/``customizedTraceTopic``: the trace topic, or None without traces."""
     enabled = bool_option("enableMsgTrace", opts["enableMsgTrace"]) if "enableMsgTrace" in opts else False
     if "customizedTraceTopic" in opts and not enabled:
@@ -675,7 +675,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
     batch_bytes = (int_option("batchBytes", opts["batchBytes"], minimum=1, maximum=MAX_BATCH_BYTES)
                    if "batchBytes" in opts else 64 << 20)
 
-    trace_topic = _trace_topic(opts, namesrv_addrs)
+    trace_topic = trace_topic_option(opts, namesrv_addrs)
 
     return SourceOptions(
         streaming=streaming, brokers=brokers, topics=topics, topic_pattern=topic_pattern,

@@ -17,7 +17,7 @@ from pyspark.sql.datasource import InputPartition
 from rmq_source.backend import BackendSpec, RangeRead, TaskLock
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError
-from rmq_source.namespace import unwrap_topic_column
+from rmq_source.namespace import unwrap, unwrap_topic_column
 from rmq_source.sql92.program import filter_batch, selector_program
 from rmq_source.subscription import Subscription
 
@@ -59,7 +59,7 @@ class RmqInputPartition(InputPartition):
     exact_tags: tuple[str, ...] | None = None
     #: the client namespace: the rows' topics are shown without it (rmq_source.namespace)
     namespace: str | None = None
-    #: enableMsgTrace: (trace topic, consumer group as the brokers name it), None without traces
+    #: enableMsgTrace: (trace topic, consumer group without the namespace), None without traces
     trace: tuple[str, str] | None = None
 
 
@@ -158,8 +158,8 @@ def build_partitions(tasks, opts, backend, lock: TaskLock | None = None,
             fail_on_data_loss=opts.fail_on_data_loss,
             lock=lock,
             namespace=opts.namespace,
-            trace=(None if opts.trace_topic is None
-                   else (opts.trace_topic, backend.spec.pull_group)),
+            trace=(None if opts.trace_topic is None   # (groups shown without the namespace)
+                   else (opts.trace_topic, unwrap(opts.namespace, backend.spec.pull_group))),
         )
         for task in tasks
     ]

@@ -58,6 +58,9 @@ def prepare(options, schema, overwrite: bool, *, streaming: bool) -> SinkOptions
     check_schema(schema, default_topic=opts.topic)
     if opts.topic is not None:
         fetch_route(shared_client(opts), opts, opts.topic)
+    if opts.trace_topic is not None:
+        from rmq_source.sink.traces import check_trace_topic
+        check_trace_topic(lambda topic: fetch_route(shared_client(opts), opts, topic), opts)
     return opts
 
 
