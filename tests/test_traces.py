@@ -132,3 +132,22 @@ def test_a_trace_that_cannot_be_sent_is_dropped_and_logged_never_raised(caplog):
         sender.close()
     assert len(sent) == 2
     assert "dropped" in caplog.text and "1024 message(s)" in caplog.text
+
+
+def test_pub_traces_follow_the_brokers_switch_and_name_its_region_without_the_namespace():
+    from types import SimpleNamespace
+
+    from rmq_source.remote.frames import RemotingCommand
+    from rmq_source.sink.options import parse_sink_options
+    from rmq_source.sink.traces import PublishTraces
+    opts = parse_sink_options({"namesrvAddr": "127.0.0.1:1", "topic": "T", "namespace": "ns",
+                               "producerGroup": "PG", "enableMsgTrace": "true"}, streaming=False)
+    pub = PublishTraces(opts, None, None)
+    added = []
+    pub.sender = SimpleNamespace(add=added.append)
+    body = rq.encode_batch([(b"x", {"UNIQ_KEY": "U"}, 0)])
+    pub.sent(opts.topic, body, 1, RemotingCommand(0, {"msgId": "O", "MSG_REGION": "R"}), "h:1", 5, 2)
+    pub.sent(opts.topic, body, 1, RemotingCommand(0, {"msgId": "O", "TRACE_ON": "false"}), "h:1", 5, 2)
+    pub.sent(opts.topic, body, 1, RemotingCommand(0, {"msgId": "O"}), "h:1", 5, 2)
+    assert [_split(c, 0)[0][:6] for c in added] == [["Pub", "5", "R", "PG", "T", "U"],
+                                                    ["Pub", "5", "DefaultRegion", "PG", "T", "U"]]
