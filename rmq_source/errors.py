@@ -139,6 +139,12 @@ class RmqAuthError(RmqBrokerError, PermissionError):
     the account has no permission for the topic, group or request."""
 
 
+class RmqReadSchemaError(RmqSourceError, ValueError):
+    """The schema given to a read (``.schema(...)``, ``CREATE TABLE ... USING rmq (cols)``) names
+    a column the source does not have, gives a documented column another type, or names one
+    twice (named in the message, with the valid columns). Raised at query start."""
+
+
 class RmqSinkSchemaError(RmqSourceError, ValueError):
     """The DataFrame written with ``format("rmq")`` has a column the sink does not know, lacks
     ``body``, or has a column whose type does not fit (named in the message). Raised at query

@@ -208,3 +208,70 @@ def test_stream_byte_limit_same_in_both_backends(spark, topic, tmp_path):
     assert planned["store"] == planned["cluster"]
     # the limit is used, not undershot: most batches leave less than the largest message unused
     assert len(planned["store"]) <= -(-sum(r.total_size for r in topic.all_rows()) // (limit // 2))
+
+
+# (schema, options(topic)): a user schema selects the columns, filters still see every column
+SCHEMAS = [
+    ("queueOffset long, body binary, queueId int", lambda t: {}),
+    ("keys array<string>, queueId int, queueOffset long, tags string, properties map<string,string>",
+     lambda t: {"subExpression": "t1 || b"}),
+    ("queueId int, queueOffset long", lambda t: {"subExpression": "t2"}),        # tags not asked
+    ("queueOffset long, queueId int", lambda t: {"expressionType": "SQL92",
+                                                 "subExpression": "n > 100"}),   # properties not asked
+    ("storeTimestamp timestamp, queueId int, queueOffset long, msgId string",
+     lambda t: {"startingOffsets": "group", "consumerGroup": GROUP,
+                "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET"}),
+]
+
+
+@pytest.mark.lines("5.3")
+@pytest.mark.parametrize("schema, options", SCHEMAS, ids=[s[0].split(",")[0] + f"-{i}" for i, s in enumerate(SCHEMAS)])
+def test_a_schema_selects_the_columns_in_both_backends(spark, topic, schema, options):
+    """Both backends give the asked columns, in the schema's order, of the rows the same read
+    without a schema gives."""
+    opts = options(topic)
+    names = [c.split()[0] for c in schema.split(", ")]
+    full = spark.read.format("rmq").options(**topic.options("cluster"), **opts).load()
+    expected = sorted(tuple(r) for r in full.select(*names).collect())
+    assert expected, "the case selects no row"
+    for kind in ("store", "cluster"):
+        df = spark.read.format("rmq").schema(schema).options(**topic.options(kind), **opts).load()
+        assert df.columns == names
+        assert sorted(tuple(r) for r in df.collect()) == expected, kind
+
+
+@pytest.mark.lines("5.3")
+@pytest.mark.parametrize("kind", ["store", "cluster"])
+def test_a_schema_selects_the_columns_of_a_stream(spark, topic, tmp_path, kind):
+    reader = (spark.readStream.format("rmq").schema("body binary, queueOffset long, queueId int")
+              .options(**topic.options(kind), startingOffsets="earliest", maxMessagesPerTrigger="100"))
+    name = f"cols_{kind}_{uuid.uuid4().hex[:6]}"
+    q = (reader.load().writeStream.format("parquet").option("path", str(tmp_path / name))
+         .option("checkpointLocation", str(tmp_path / f"chk_{kind}")).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    rows = spark.read.parquet(str(tmp_path / name))
+    assert rows.columns == ["body", "queueOffset", "queueId"]
+    batch = spark.read.format("rmq").options(**topic.options(kind)).load()
+    assert sorted(tuple(r) for r in rows.collect()) == sorted(
+        tuple(r) for r in batch.select("body", "queueOffset", "queueId").collect())
+    assert rows.count() == len(topic.all_rows())
+
+
+@pytest.mark.lines("5.3")
+def test_the_sql_api_and_a_wrong_schema(spark, topic):
+    """``CREATE TEMPORARY VIEW ... (cols) USING rmq`` reads those columns (a catalog table,
+    ``CREATE TABLE ... USING``, reaches Python sources without its OPTIONS in PySpark 4.x); a
+    wrong column fails the query at its start naming it and the valid ones."""
+    name = f"rmq_cols_{uuid.uuid4().hex[:6]}"
+    spark.sql(f"CREATE TEMPORARY VIEW {name} (queueId INT, queueOffset BIGINT) USING rmq OPTIONS "
+              f"(storePath '{topic.broker.store}', brokerName 'broker-a', topic '{topic.name}')")
+    try:
+        rows = spark.sql(f"SELECT * FROM {name}").collect()
+        assert sorted(tuple(r) for r in rows) == _expect_offsets(topic, lambda r: True)
+    finally:
+        spark.sql(f"DROP VIEW {name}")
+    with pytest.raises(Exception) as info:
+        spark.read.format("rmq").schema("queueOffset long, Body binary").options(
+            **topic.options("store")).load().collect()
+    assert "RmqReadSchemaError" in str(info.value) and "did you mean body" in str(info.value)

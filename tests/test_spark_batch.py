@@ -53,6 +53,12 @@ def test_full_read_has_the_schema_and_every_message(spark, stores):
     _check(spark, df, written)
     row = df.where("topic = 'TopicTest' and queueOffset = 0 and queueId = 0").first()
     assert row.properties["seq"] and row.keys[0].startswith("K") and row.storeHost == "127.0.0.1:10911"
+    # a user schema selects columns (every PySpark 4.x minor runs this test: tests/test_spark_versions.py)
+    narrow = (spark.read.format("rmq").schema("queueOffset long, topic string, body binary")
+              .options(storePath=path, topic="TopicTest,OrderTopic").load())
+    assert narrow.columns == ["queueOffset", "topic", "body"]
+    assert sorted(tuple(r) for r in narrow.collect()) == sorted(
+        tuple(r) for r in df.select("queueOffset", "topic", "body").collect())
 
 
 CASES = {

@@ -13,28 +13,23 @@ from rmq_source.spark import compat  # noqa: F401 - first: a PySpark it cannot r
 from pyspark.sql.datasource import DataSource, DataSourceReader  # noqa: E402
 from pyspark.sql.types import StructType
 
-from rmq_source.errors import RmqOptionError
+from dataclasses import replace
+
+from rmq_source.spark.columns import selected_columns
 from rmq_source.spark.options import default_client_id, parse_options
 from rmq_source.spark.partition_reader import read_partition
-from rmq_source.schema import COLUMN_NAMES, SPARK_DDL
+from rmq_source.schema import SPARK_DDL
 from rmq_source.spark.stream_reader import RmqStreamReader
 from rmq_source.spark.batch_reader import plan_batch
 from rmq_source.spark.pushdown import absorb
 from rmq_source.spark.sink_writer import RmqSinkStreamWriter, RmqSinkWriter, prepare
 
 
-def _check_schema(schema: StructType) -> None:
-    if schema is not None and tuple(schema.fieldNames()) != COLUMN_NAMES:
-        raise RmqOptionError(
-            "the rmq source has a fixed schema; do not pass .schema(...) (expected columns: "
-            f"{', '.join(COLUMN_NAMES)})")
-
-
 class RmqBatchReader(DataSourceReader):
     """``spark.read.format("rmq")``: plans queue ranges once, reads them in tasks."""
 
-    def __init__(self, options):
-        self.opts = parse_options(options, streaming=False)
+    def __init__(self, options, columns: tuple[str, ...] | None = None):
+        self.opts = replace(parse_options(options, streaming=False), columns=columns)
         self.pushed = None
 
     def partitions(self):
@@ -92,12 +87,12 @@ class RocketMQDataSource(DataSource):
         return SPARK_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        _check_schema(schema)
-        return (RmqPushdownBatchReader if _asked_for_pushdown() else RmqBatchReader)(self.options)
+        kind = RmqPushdownBatchReader if _asked_for_pushdown() else RmqBatchReader
+        return kind(self.options, selected_columns(schema))
 
     def streamReader(self, schema: StructType) -> RmqStreamReader:
-        _check_schema(schema)
-        return RmqStreamReader(parse_options(self.options, streaming=True))
+        return RmqStreamReader(replace(parse_options(self.options, streaming=True),
+                                       columns=selected_columns(schema)))
 
     def _write_options(self) -> dict:
         """The user's options (without the client id minted for reads)."""

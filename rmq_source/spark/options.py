@@ -161,6 +161,8 @@ class SourceOptions:
     namespace: str | None = None
     #: enableMsgTrace: the topic consumed messages' traces go to (None: no traces)
     trace_topic: str | None = None
+    #: the columns a user schema asked for, in its order (rmq_source.spark.columns); None: all
+    columns: tuple[str, ...] | None = None
 
     @property
     def broker_names(self) -> tuple[str, ...]:

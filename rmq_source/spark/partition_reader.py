@@ -61,6 +61,8 @@ class RmqInputPartition(InputPartition):
     namespace: str | None = None
     #: enableMsgTrace: (trace topic, consumer group without the namespace), None without traces
     trace: tuple[str, str] | None = None
+    #: the columns handed to Spark, in order (rmq_source.spark.columns); None: all
+    columns: tuple[str, ...] | None = None
 
 
 def check_task_locks(part: RmqInputPartition):
@@ -87,7 +89,7 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
         return
     if part.trace is None:
         for batch in _read_ranges(part):
-            yield unwrap_topic_column(batch, part.namespace)     # (as it is without a namespace)
+            yield _shown(batch, part)
         return
     from rmq_source.remote.traces import ConsumeTraces
     traces = ConsumeTraces(part.backend.open(), *part.trace)
@@ -95,10 +97,18 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
         began = time.monotonic()
         for batch in _read_ranges(part):
             traces.record(batch, cost_ms=int((time.monotonic() - began) * 1000))
-            yield unwrap_topic_column(batch, part.namespace)
+            yield _shown(batch, part)
             began = time.monotonic()
     finally:
         traces.close()
+
+
+def _shown(batch: pa.RecordBatch, part: RmqInputPartition) -> pa.RecordBatch:
+    """The batch as Spark gets it: topics without the namespace, the columns asked for (the
+    filters and traces above saw every column)."""
+    if part.columns is not None:
+        batch = batch.select(part.columns)
+    return unwrap_topic_column(batch, part.namespace)     # (as it is without a namespace)
 
 
 def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
@@ -160,6 +170,7 @@ def build_partitions(tasks, opts, backend, lock: TaskLock | None = None,
             namespace=opts.namespace,
             trace=(None if opts.trace_topic is None   # (groups shown without the namespace)
                    else (opts.trace_topic, unwrap(opts.namespace, backend.spec.pull_group))),
+            columns=opts.columns,
         )
         for task in tasks
     ]
