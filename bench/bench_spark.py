@@ -12,6 +12,8 @@
    pre-built batches from memory-mapped Arrow IPC files, same number of partitions) and
    ``spark.read.format("rmq")``. Target: rmq >= 0.7 x ceiling. Wall clock and CPU seconds of
    Spark's whole process tree are both reported (CPU is steadier on a shared machine).
+   The same with a narrow schema, beside it: ``.schema(...)`` of five columns (topic, queueId,
+   queueOffset, body, storeTimestamp) against the ceiling source yielding those five.
 5. With ``--column-costs``: the ceiling source yielding subsets of the columns, to show what each
    kind of column costs in Spark (Python data sources get no column pruning).
 
@@ -27,12 +29,14 @@ import time
 
 import common  # noqa: F401  (puts the checkout on sys.path)
 from rmq_source.schema import COLUMN_NAMES
-from common import (DEFAULT_WORKDIR, TOPIC, StoreSpec, ensure_ceiling_files, ensure_store,
-                    fmt_rate, interleaved_runs, jvm_pid, print_machine, print_table,
+from common import (DEFAULT_WORKDIR, TOPIC, StoreSpec, ceiling_ddl, ensure_ceiling_files,
+                    ensure_store, fmt_rate, interleaved_runs, jvm_pid, print_machine, print_table,
                     register_ceiling_source, spark_session, store_bytes, tree_cpu_seconds,
                     warm_page_cache)
 
 SPARK_TARGET = 0.7
+#: the narrow schema of the issue-45 measurements
+NARROW = ["topic", "queueId", "queueOffset", "body", "storeTimestamp"]
 PURE_PYTHON_TARGET = 10.0
 
 
@@ -161,8 +165,18 @@ def main() -> None:
     def ceiling_df():
         return spark.read.format("arrow_ceiling").option("path", str(ceiling_dir)).load()
 
+    def rmq_narrow_df():
+        return (spark.read.format("rmq").schema(ceiling_ddl(NARROW)).option("storePath", str(store_root))
+                .option("topic", TOPIC).load())
+
+    def ceiling_narrow_df():
+        return (spark.read.format("arrow_ceiling").option("path", str(ceiling_dir))
+                .option("columns", ",".join(NARROW)).load())
+
+    cases = {"ceiling": ceiling_df, "rmq": rmq_df, "ceiling narrow": ceiling_narrow_df,
+             "rmq narrow": rmq_narrow_df}
     parts = {}
-    for name, make in (("ceiling", ceiling_df), ("rmq", rmq_df)):
+    for name, make in cases.items():
         df = make()
         parts[name] = df.rdd.getNumPartitions()
         t0 = time.perf_counter()
@@ -177,7 +191,7 @@ def main() -> None:
 
     pid = jvm_pid(spark)
     cpu = lambda: tree_cpu_seconds(pid) + time.process_time()  # noqa: E731
-    rounds = interleaved_runs({"ceiling": noop(ceiling_df), "rmq": noop(rmq_df)}, args.repeat,
+    rounds = interleaved_runs({name: noop(make) for name, make in cases.items()}, args.repeat,
                               cpu=cpu)
     costs = column_costs(spark, ceiling_dir, args.repeat, cpu) if args.column_costs else None
     spark.stop()
@@ -185,12 +199,14 @@ def main() -> None:
     best = {k: min(w for w, _ in v) for k, v in rounds.items()}
     best_cpu = {k: min(c for _, c in v) for k, v in rounds.items()}
     print()
-    print(f"Spark {args.master}, noop sink, full schema, {msgs:,} rows of {args.body_size} B "
+    print(f"Spark {args.master}, noop sink, {msgs:,} rows of {args.body_size} B "
           "bodies "
           f"({rec_bytes / msgs:.0f} B records); best of {args.repeat} interleaved rounds")
     rows = []
-    for name, label in (("ceiling", "Arrow ceiling source (pre-built batches)"),
-                        ("rmq", 'spark.read.format("rmq")')):
+    for name, label in (("ceiling", "Arrow ceiling source (pre-built batches), 21 columns"),
+                        ("rmq", 'spark.read.format("rmq"), 21 columns'),
+                        ("ceiling narrow", "Arrow ceiling source, the 5 columns"),
+                        ("rmq narrow", 'spark.read.format("rmq").schema(<the 5 columns>)')):
         secs = best[name]
         rows.append([label, parts[name], f"{secs:.2f}", fmt_rate(msgs / secs),
                      f"{rec_bytes / secs / 1e9:.2f}", f"{best_cpu[name]:.1f}",
@@ -203,6 +219,8 @@ def main() -> None:
 
     ratio_spark = best["ceiling"] / best["rmq"]
     ratio_spark_cpu = best_cpu["ceiling"] / best_cpu["rmq"]
+    ratio_narrow = best["ceiling narrow"] / best["rmq narrow"]
+    ratio_narrow_cpu = best_cpu["ceiling narrow"] / best_cpu["rmq narrow"]
     (st_wall, st_cpu), (py_wall, py_cpu) = cmp["Store.iter_batches"], cmp["pure Python"]
     ratio_pure, ratio_pure_cpu = py_wall / st_wall, py_cpu / st_cpu
     print(f"Without Spark, one thread, {cmp['rows']:,} messages ({per_queue:,} per queue), "
@@ -222,6 +240,10 @@ def main() -> None:
     print_table(["ratio", "wall clock", "CPU time", "target", "met (wall / CPU)"], [
         ["rmq / Arrow ceiling (Spark rows/s)", f"{ratio_spark:.2f}", f"{ratio_spark_cpu:.2f}",
          f">= {SPARK_TARGET}", met(ratio_spark, ratio_spark_cpu, target=SPARK_TARGET)],
+        ["rmq / Arrow ceiling, the 5 columns", f"{ratio_narrow:.2f}", f"{ratio_narrow_cpu:.2f}",
+         f">= {SPARK_TARGET}", met(ratio_narrow, ratio_narrow_cpu, target=SPARK_TARGET)],
+        ["rmq 5 columns / rmq 21 columns", f"{best['rmq'] / best['rmq narrow']:.2f}",
+         f"{best_cpu['rmq'] / best_cpu['rmq narrow']:.2f}", "-", "-"],
         ["Store.iter_batches / pure Python", f"{ratio_pure:.1f}", f"{ratio_pure_cpu:.1f}",
          f">= {PURE_PYTHON_TARGET:.0f}",
          met(ratio_pure, ratio_pure_cpu, target=PURE_PYTHON_TARGET)],

@@ -148,6 +148,7 @@ def test_pub_traces_follow_the_brokers_switch_and_name_its_region_without_the_na
     body = rq.encode_batch([(b"x", {"UNIQ_KEY": "U"}, 0)])
     pub.sent(opts.topic, body, 1, RemotingCommand(0, {"msgId": "O", "MSG_REGION": "R"}), "h:1", 5, 2)
     pub.sent(opts.topic, body, 1, RemotingCommand(0, {"msgId": "O", "TRACE_ON": "false"}), "h:1", 5, 2)
-    pub.sent(opts.topic, body, 1, RemotingCommand(0, {"msgId": "O"}), "h:1", 5, 2)
+    pub.sent(opts.topic, body, 1, RemotingCommand(11, {"msgId": "O"}), "h:1", 5, 2)   # stored, unconfirmed
     assert [_split(c, 0)[0][:6] for c in added] == [["Pub", "5", "R", "PG", "T", "U"],
                                                     ["Pub", "5", "DefaultRegion", "PG", "T", "U"]]
+    assert [_split(c, 0)[0][-1] for c in added] == ["true", "false"]

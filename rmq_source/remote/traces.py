@@ -162,11 +162,13 @@ def sub_contexts(batch: pa.RecordBatch, group: str, request_id: str, now_ms: int
 
 
 def pub_contexts(encoded: bytes, count: int, offset_ids: str, *, group: str, topic: str,
-                 store_host: str, region: str, sent_ms: int, cost_ms: int) -> Contexts:
+                 store_host: str, region: str, sent_ms: int, cost_ms: int,
+                 success: bool = True) -> Contexts:
     """The Pub contexts of the ``count`` messages of a SEND_BATCH_MESSAGE body the broker
-    stored (``offset_ids``: its answer's ``msgId``, one per message, joined by commas)."""
+    stored (``offset_ids``: its answer's ``msgId``, one per message, joined by commas;
+    ``success``: it answered SEND_OK, as RocketMQ's producers record it)."""
     texts, keep = _texts(f"Pub{C}{sent_ms}{C}{region}{C}{group}{C}{topic}{C}", f"{C}{store_host}{C}",
-                         f"{C}{cost_ms}{C}", f"{C}true{F}")
+                         f"{C}{cost_ms}{C}", f"{C}{'true' if success else 'false'}{F}")
     ids = offset_ids.encode()
     fixed = sum(texts.len[k] for k in range(4)) + 40     # (numbers, separators, "null"s)
     return _run(lib.rmq_trace_pub, count, count * fixed + len(encoded) + len(ids),

@@ -1,7 +1,8 @@
 """Pub traces of what a sink task sent (option ``enableMsgTrace``), as RocketMQ's producers with
 message traces on record theirs (rmq_source/remote/traces.py has the format and the sending).
 
-Every message a broker stored (SEND_OK, or a flush/slave status the write accepts) gets one Pub
+Every message a broker stored (SEND_OK; or a flush/slave status the write accepts, recorded as
+not successful, as RocketMQ's producers record a send status other than SEND_OK) gets one Pub
 context: the producer group and topic (without the namespace, as RocketMQ's clients write them),
 its id (``UNIQ_KEY``), tags, keys, the broker's address, body length, the request's cost, its type
 (3 for delayed messages, else 0), its offset message id from the broker's answer, and success. A
@@ -76,7 +77,8 @@ class PublishTraces:
         self.sender.add(pub_contexts(
             encoded, count, ext.get("msgId", ""), group=self.group,
             topic=unwrap(self.opts.namespace, topic), store_host=store_host,
-            region=ext.get("MSG_REGION") or REGION, sent_ms=sent_ms, cost_ms=cost_ms))
+            region=ext.get("MSG_REGION") or REGION, sent_ms=sent_ms, cost_ms=cost_ms,
+            success=answer.code == 0))
 
     def close(self) -> None:
         self.sender.close()

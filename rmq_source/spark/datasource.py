@@ -8,12 +8,11 @@ rows from :mod:`rmq_source.spark.partition_reader`.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from rmq_source.spark import compat  # noqa: F401 - first: a PySpark it cannot run on is named
 from pyspark.sql.datasource import DataSource, DataSourceReader  # noqa: E402
 from pyspark.sql.types import StructType
-
-from dataclasses import replace
 
 from rmq_source.spark.columns import selected_columns
 from rmq_source.spark.options import default_client_id, parse_options
