@@ -156,7 +156,22 @@ typedef struct rmq_scan_args {
     const char *topic;      /* UTF-8 bytes of the queue's topic (check_queue), not terminated */
     int32_t topic_len;      /* >= 1 */
     int32_t queue_id;
+    uint32_t skip;          /* RMQ_SKIP_* bits: columns nobody asked for, left out of the rows */
 } rmq_scan_args;
+
+/* Columns a scan may leave out (rmq_scan_args.skip). A left-out column keeps its place in the
+ * batch: msgId, bornHost and storeHost come as empty strings, properties as empty maps, uniqKey,
+ * tags and keys as nulls. Properties are still parsed and checked (UTF-8) when any of them is
+ * left out: TAGS, KEYS and UNIQ_KEY come from the same parse, and so does the tag check. */
+enum {
+    RMQ_SKIP_MSGID = 1,
+    RMQ_SKIP_HOSTS = 2,       /* bornHost and storeHost */
+    RMQ_SKIP_PROPS = 4,       /* the properties map */
+    RMQ_SKIP_KEYS = 8,
+    RMQ_SKIP_UNIQ = 16,
+    RMQ_SKIP_TAGS = 32,
+    RMQ_SKIP_ALL = 63
+};
 
 rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *err);
 void rmq_segment_close(rmq_segment *seg);

@@ -182,25 +182,28 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def read(self, mq: MessageQueue, start: int, end: int, *, subscription: str, batch_rows: int,
              batch_bytes: int, verify_crc: bool, on_data_loss: DataLossCallback,
-             on_short_read: ShortReadCallback) -> Iterator:
+             on_short_read: ShortReadCallback, columns: tuple[str, ...] | None = None) -> Iterator:
         """Arrow record batches of the messages at offsets ``[start, end)`` of ``mq`` that match
         ``subscription``, in offset order. Messages removed before they were read are reported
         through ``on_data_loss``; a range that ends short of ``end`` (queue shorter or gone)
-        through ``on_short_read``. Nothing is skipped silently."""
+        through ``on_short_read``. Nothing is skipped silently. ``columns``: the columns the
+        caller uses (None: all); the batches keep the full row schema, others may come empty
+        or null (:func:`rmq_source.store.native.skip_bits`)."""
 
     def check_subscription(self, subscription, mqs: Iterable[MessageQueue]) -> None:
         """Raise RmqOptionError when a broker of ``mqs`` would not evaluate ``subscription`` as
         the query does (the store mode evaluates everything itself: nothing to check)."""
 
     def read_many(self, ranges: Iterable[RangeRead], *, subscription, batch_rows: int,
-                  batch_bytes: int, verify_crc: bool) -> Iterator:
+                  batch_bytes: int, verify_crc: bool, columns: tuple[str, ...] | None = None
+                  ) -> Iterator:
         """:meth:`read` of each range in turn, rows in range order, the batches of small ranges
         joined (:func:`coalesce`; a backend may join them its own way, within ``batch_rows``
         and ``batch_bytes``)."""
         return coalesce((batch for r in ranges for batch in self.read(
             r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
             batch_bytes=batch_bytes, verify_crc=verify_crc, on_data_loss=r.on_data_loss,
-            on_short_read=r.on_short_read)), batch_rows, batch_bytes)
+            on_short_read=r.on_short_read, columns=columns)), batch_rows, batch_bytes)
 
     # -- group state ---------------------------------------------------------------------------
     @abc.abstractmethod

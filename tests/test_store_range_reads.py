@@ -228,3 +228,41 @@ def test_retention_is_reported_before_the_range_is_read(store_root, tmp_path):
     loss = next(c for c in got_calls.seen if c[1] == "loss")
     with pytest.raises(RmqDataLossError):
         list(store.iter_batches(TOPIC, loss[0], 0, loss[3]))
+
+
+_SKIPPABLE = ("msgId", "bornHost", "storeHost", "properties", "keys", "uniqKey", "tags")
+
+
+@pytest.mark.parametrize("needed", [
+    ("queueOffset", "body"),                               # everything the C core may leave out
+    ("queueOffset", "storeHost"),                          # hosts go together; msgId left out
+    ("msgId", "tags"),                                     # msgId without the host columns
+    ("properties", "bornTimestamp"),
+    ("keys", "uniqKey"),
+    _SKIPPABLE,                                            # nothing left out
+])
+@pytest.mark.parametrize("subscription", ["*", "TagA || BB"])
+def test_columns_left_out_come_empty_the_others_as_read_in_full(store_root, needed, subscription):
+    """``columns``: the asked columns (and every fixed-width one) are those of the full read,
+    in both paths (many ranges in one C call; one queue at a time), with a tag filter too; the
+    columns the C core left out come as documented (rmq_core.h): empty strings, empty maps,
+    nulls."""
+    store = Store(store_root, broker_name=BROKER)
+    backend = StoreBackend({BROKER: str(store_root)})
+    ranges = _topic_ranges(store, 3)
+    full, _ = _many(backend, ranges, Calls(), subscription=subscription)
+    narrow, _ = _many(backend, ranges, Calls(), subscription=subscription, columns=needed)
+    single = _one_by_one(store, ranges, Calls(), subscription=subscription, columns=needed)
+    assert narrow.equals(single) and narrow.num_rows == full.num_rows > 50
+    hosts_kept = {"bornHost", "storeHost"} & set(needed)
+    for name in full.column_names:
+        kept = name not in _SKIPPABLE or name in needed or (name.endswith("Host") and hosts_kept)
+        column = narrow.column(name).to_pylist()
+        if kept:
+            assert column == full.column(name).to_pylist(), name
+        elif name in ("msgId", "bornHost", "storeHost"):
+            assert set(column) == {""}, name
+        elif name == "properties":
+            assert set(map(len, column)) == {0}, name
+        else:
+            assert set(column) == {None}, name

@@ -1256,6 +1256,15 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
         return ROW_REJECTED;
     }
     CRC_CHECK();
+    const uint32_t skip = a->skip;
+    if (skip & RMQ_SKIP_PROPS) {     /* parsed for the spans and checks above; not handed out */
+        b->prop_items = items0;
+        B[RMQ_B_PKEY_DATA].len = kd0;
+        B[RMQ_B_PVAL_DATA].len = vd0;
+    }
+    if (skip & RMQ_SKIP_KEYS) po.keys.l = -1;
+    if (skip & RMQ_SKIP_UNIQ) po.uniq.l = -1;
+    if (skip & RMQ_SKIP_TAGS) po.tags.l = -1;
     B[RMQ_B_PKEY_OFF].len = B[RMQ_B_PVAL_OFF].len = (b->prop_items + 1) * 4;
     /* row-indexed columns go to the stage: entry (row & 15) of the value columns, entry
      * ((row + 1) & 15) of the offset columns */
@@ -1280,13 +1289,22 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
 #undef PUT32
 #undef PUT64
 
-    put_host(&sc->born, sc->stage[RMQ_B_BORNHOST_OFF], &B[RMQ_B_BORNHOST_DATA], row,
-             r->born_host, r->bh);
-    put_host(&sc->store, sc->stage[RMQ_B_STOREHOST_OFF], &B[RMQ_B_STOREHOST_DATA], row,
-             r->store_host, r->sh);
+    if (likely(!(skip & RMQ_SKIP_HOSTS))) {
+        put_host(&sc->born, sc->stage[RMQ_B_BORNHOST_OFF], &B[RMQ_B_BORNHOST_DATA], row,
+                 r->born_host, r->bh);
+        put_host(&sc->store, sc->stage[RMQ_B_STOREHOST_OFF], &B[RMQ_B_STOREHOST_DATA], row,
+                 r->store_host, r->sh);
+    } else {
+        OFF(RMQ_B_BORNHOST_OFF, B[RMQ_B_BORNHOST_DATA].len);
+        OFF(RMQ_B_STOREHOST_OFF, B[RMQ_B_STOREHOST_DATA].len);
+        if (!(skip & RMQ_SKIP_MSGID) && unlikely(!host_same(&sc->store, r->store_host, r->sh)))
+            host_fill(&sc->store, r->store_host, r->sh);
+    }
     /* msgId: hex(store host field) + hex(physical offset), uppercase (§5.1); the host part comes
      * from the cache just refreshed above */
-    {
+    if (unlikely(skip & RMQ_SKIP_MSGID)) {
+        OFF(RMQ_B_MSGID_OFF, B[RMQ_B_MSGID_DATA].len);
+    } else {
         rmq_buf *d = &B[RMQ_B_MSGID_DATA];
         char *o = (char *)d->data + d->len;
         if (likely(r->sh == 8))

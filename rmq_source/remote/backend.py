@@ -960,7 +960,7 @@ class ClusterBackend(Backend):
             _cancel(ahead)
 
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
-             on_data_loss, on_short_read) -> Iterator:
+             on_data_loss, on_short_read, columns=None) -> Iterator:
         """Pull answers are decoded several at a time (consecutive answers are consecutive
         CommitLog records): up to ``batch_rows`` messages or ``min(batch_bytes, 16 MiB)`` of records
         a batch, so the per-batch work is not paid for every pull of 32 messages."""
@@ -970,6 +970,7 @@ class ClusterBackend(Backend):
         sub = subscription if isinstance(subscription, Subscription) else Subscription.parse(subscription)
         tags = tuple(sub.tags) if sub.tag_filter else None   # SQL92: the caller rechecks rows
         limit_bytes = min(batch_bytes, COALESCE_BYTES)
+        skip = native.skip_bits(columns)
         pending: list[bytes] = []        # bodies of SUCCESS answers not yet decoded, in order
         first = [0, 0, 0]                # queue offset of the first of them; messages, bytes in them
 
@@ -979,7 +980,7 @@ class ClusterBackend(Backend):
                      f"(broker {self.describe(mq.broker_name)}; byte positions in the answers joined)")
             batch, after = native.decode_records(body, where=where, topic=mq.topic,
                                                  queue_id=mq.queue_id, start=first[0], end=end,
-                                                 tags=tags, verify_crc=verify_crc)
+                                                 tags=tags, verify_crc=verify_crc, skip=skip)
             pending.clear()
             return (native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
                     if batch.num_rows else None), after

@@ -120,7 +120,8 @@ def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     program = selector_program(sub.expression) if sub.is_sql else None
     batches = backend.read_many(
         (_range_read(part, r) for r in ranges if r.start < r.end), subscription=sub,
-        batch_rows=part.batch_rows, batch_bytes=part.batch_bytes, verify_crc=part.verify_crc)
+        batch_rows=part.batch_rows, batch_bytes=part.batch_bytes, verify_crc=part.verify_crc,
+        columns=_needed(part, program is not None))
     if program is None and part.exact_tags is None:
         yield from batches
         return
@@ -132,6 +133,25 @@ def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
             batch = batch.filter(keep)
         if batch.num_rows:
             yield batch
+
+
+#: the columns message traces are made of (rmq_source.remote.traces.sub_contexts)
+_TRACED = ("uniqKey", "msgId", "keys", "reconsumeTimes")
+
+
+def _needed(part: RmqInputPartition, sql: bool) -> tuple[str, ...] | None:
+    """The columns the task uses: those asked, and those its filters and traces read (None:
+    all): the C core may leave the others out."""
+    if part.columns is None:
+        return None
+    needed = set(part.columns)
+    if sql:
+        needed.add("properties")
+    if part.exact_tags is not None:
+        needed.add("tags")
+    if part.trace is not None:
+        needed.update(_TRACED)
+    return tuple(sorted(needed))
 
 
 def _range_read(part: RmqInputPartition, r: RangeSpec) -> RangeRead:

@@ -114,13 +114,13 @@ class StoreBackend(Backend):
 
     # -- messages ------------------------------------------------------------------------------
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
-             on_data_loss, on_short_read) -> Iterator:
+             on_data_loss, on_short_read, columns=None) -> Iterator:
         store = self._store_to_read(mq, start, end, on_short_read)
         if store is not None:
             yield from store.iter_batches(mq.topic, mq.queue_id, start, end, subscription=subscription,
                                           batch_rows=batch_rows, batch_bytes=batch_bytes,
                                           verify_crc=verify_crc, on_data_loss=on_data_loss,
-                                          on_short_read=on_short_read)
+                                          on_short_read=on_short_read, columns=columns)
 
     def _store_to_read(self, mq, start, end, on_short_read) -> Store | None:
         path = self.brokers.get(mq.broker_name)
@@ -134,7 +134,8 @@ class StoreBackend(Backend):
                                       "longer exists")
             return None
 
-    def read_many(self, ranges, *, subscription, batch_rows, batch_bytes, verify_crc) -> Iterator:
+    def read_many(self, ranges, *, subscription, batch_rows, batch_bytes, verify_crc,
+                  columns=None) -> Iterator:
         """The consecutive ranges of one broker are read together
         (:func:`rmq_source.store.range_reads.read_ranges`: one C call scans many ranges of a
         topic into one batch, converted to rows once), so a task over many small queues pays
@@ -149,7 +150,7 @@ class StoreBackend(Backend):
                                     f"broker {broker!r} no longer exists")
                 continue
             yield from read_ranges(store, run, subscription=subscription, batch_rows=batch_rows,
-                                   batch_bytes=batch_bytes, verify_crc=verify_crc)
+                                   batch_bytes=batch_bytes, verify_crc=verify_crc, columns=columns)
 
     # -- group state ---------------------------------------------------------------------------
     def offset_store(self, group: str):

@@ -337,13 +337,38 @@ def _int32_codes(codes) -> list[int]:
     return sorted(set(out))
 
 
+#: the columns a scan may leave out (rmq_core.h, rmq_scan_args.skip) and the bit of each
+_SKIPPABLE = {"msgId": lib.RMQ_SKIP_MSGID, "bornHost": lib.RMQ_SKIP_HOSTS,
+              "storeHost": lib.RMQ_SKIP_HOSTS, "properties": lib.RMQ_SKIP_PROPS,
+              "keys": lib.RMQ_SKIP_KEYS, "uniqKey": lib.RMQ_SKIP_UNIQ, "tags": lib.RMQ_SKIP_TAGS}
+
+
+def skip_bits(needed) -> int:
+    """The ``skip`` of a scan whose caller needs only the columns ``needed`` (names of the row
+    schema; None: every column): the bits of the columns the C core may then leave out (left
+    out, they come back empty or null, see rmq_core.h). bornHost and storeHost go together."""
+    if needed is None:
+        return 0
+    needed = set(needed)
+    bits = 0
+    for name, bit in _SKIPPABLE.items():
+        if name not in needed:
+            bits |= bit
+    if needed & {"bornHost", "storeHost"}:
+        bits &= ~lib.RMQ_SKIP_HOSTS
+    return bits
+
+
 def _scan_args(keep: list, start: int, end: int, max_rows: int, max_bytes: int, verify_crc: bool,
-               codes, tags, topic, queue_id):
+               codes, tags, topic, queue_id, skip: int = 0):
     """The C arguments of a scan or decode; ``keep`` holds the C memory they point to."""
+    if not 0 <= skip <= lib.RMQ_SKIP_ALL:
+        raise RmqOptionError(f"skip must be RMQ_SKIP_* bits (0..{lib.RMQ_SKIP_ALL}), got {skip!r}")
     args = ffi.new("rmq_scan_args *")
     keep.append(args)
     args.start, args.end, args.max_rows, args.max_bytes = start, end, max_rows, max_bytes
     args.verify_crc = bool(verify_crc)
+    args.skip = skip
     if codes is not None:
         code_list = _int32_codes(codes)
         c_codes = ffi.new("int32_t[]", code_list or [0])
@@ -388,7 +413,7 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
                end: int, *, codes: tuple[int, ...] | None = None,
                tags: tuple[str, ...] | None = None, max_rows: int = 65536,
                max_bytes: int = 64 << 20, verify_crc: bool = False, topic: str | None = None,
-               queue_id: int | None = None) -> ScanResult:
+               queue_id: int | None = None, skip: int = 0) -> ScanResult:
     """Decode the messages of queue offsets ``[start, end)`` of one ConsumeQueue.
 
     ``cq_segments``: the queue's files sorted by file_start, consecutive (``cq_file_size`` apart);
@@ -404,8 +429,9 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
     Stops with "FULL" before a row that would exceed ``max_rows`` rows or ``max_bytes`` bytes of
     body + properties + string data (at least one row is always accepted), "CQ_END" at the first
     unwritten unit, "CL_GONE" at an accepted unit below ``commitlog.min_offset``.
-    ``verify_crc`` checks BODYCRC. A record that is not what the broker writes raises
-    :class:`RmqCorruptStoreError` (path, position of the record in its file, code).
+    ``verify_crc`` checks BODYCRC. ``skip``: columns left out (:func:`skip_bits`). A record that
+    is not what the broker writes raises :class:`RmqCorruptStoreError` (path, position of the
+    record in its file, code).
 
     Each accepted unit's record must be that unit's message, else ``UNIT_MISMATCH`` (naming the
     record's CommitLog file and position, and the unit's queue offset): its PHYSICALOFFSET must
@@ -430,7 +456,8 @@ def scan_queue(commitlog: CommitLog, cq_segments: list[Segment], cq_file_size: i
         raise RmqOptionError("topic and queue_id go together (the queue being read): give both "
                              f"or neither, got topic={topic!r}, queue_id={queue_id!r}")
     keep: list = []
-    args = _scan_args(keep, start, end, max_rows, max_bytes, verify_crc, codes, tags, topic, queue_id)
+    args = _scan_args(keep, start, end, max_rows, max_bytes, verify_crc, codes, tags, topic, queue_id,
+                      skip)
     out = ffi.new("rmq_batch **")
     err = ffi.new("rmq_error *")
     rc = lib.rmq_scan_queue(commitlog._files.struct, cq.struct, args, out, err)
@@ -485,7 +512,7 @@ def _offsets_array(name: str, values, n: int, lo: int, hi: int, dtype) -> np.nda
 def scan_ranges(commitlog: CommitLog, queues: list[QueueFiles], starts, ends, queue_ids, *,
                 topic: str, codes: tuple[int, ...] | None = None,
                 tags: tuple[str, ...] | None = None, max_rows: int = 65536,
-                max_bytes: int = 64 << 20, verify_crc: bool = False) -> RangesResult:
+                max_bytes: int = 64 << 20, verify_crc: bool = False, skip: int = 0) -> RangesResult:
     """:func:`scan_queue` of several queues of ``topic`` in one call, into one batch: range i is
     queue offsets ``[starts[i], ends[i])`` of ``queues[i]``, the queue ``queue_ids[i]``; rows
     come range after range. ``max_rows`` and ``max_bytes`` bound the whole batch (at least one
@@ -514,7 +541,7 @@ def scan_ranges(commitlog: CommitLog, queues: list[QueueFiles], starts, ends, qu
     if tags is not None and codes is None:
         raise RmqOptionError("tags needs codes (the tag hash codes of the same subscription)")
     keep: list = []
-    args = _scan_args(keep, 0, 0, max_rows, max_bytes, verify_crc, codes, tags, topic, 0)
+    args = _scan_args(keep, 0, 0, max_rows, max_bytes, verify_crc, codes, tags, topic, 0, skip)
     rows = np.zeros(n, np.int64)
     nexts = np.zeros(n, np.int64)
     statuses = np.zeros(n, np.int32)
@@ -537,7 +564,7 @@ def scan_ranges(commitlog: CommitLog, queues: list[QueueFiles], starts, ends, qu
 
 
 def decode_records(body: bytes, *, where: str, topic: str, queue_id: int, start: int, end: int,
-                   tags: tuple[str, ...] | None = None, verify_crc: bool = False
+                   tags: tuple[str, ...] | None = None, verify_crc: bool = False, skip: int = 0
                    ) -> tuple[pa.RecordBatch, int]:
     """Decode the CommitLog records of a PULL_MESSAGE answer ``body`` (records end to end).
 
@@ -561,7 +588,7 @@ def decode_records(body: bytes, *, where: str, topic: str, queue_id: int, start:
     data = bytes(body)
     keep: list = []
     args = _scan_args(keep, start, end, INT64_MAX, MAX_BATCH_BYTES, verify_crc,
-                      None, tags, topic, queue_id)
+                      None, tags, topic, queue_id, skip)
     c_buf = ffi.from_buffer("uint8_t[]", data)
     c_where = ffi.new("char[]", where.encode("utf-8", "replace"))
     out = ffi.new("rmq_batch **")

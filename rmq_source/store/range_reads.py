@@ -51,16 +51,19 @@ class _Ready(NamedTuple):
 
 
 def read_ranges(store, ranges: Sequence[RangeRead], *, subscription, batch_rows: int,
-                batch_bytes: int, verify_crc: bool) -> Iterator[pa.RecordBatch]:
+                batch_bytes: int, verify_crc: bool, columns: tuple[str, ...] | None = None
+                ) -> Iterator[pa.RecordBatch]:
     """Batches of the full row schema holding the rows of ``ranges`` (queues of ``store``, each
     with both callbacks), in range order (module doc). A batch is handed out as soon as it is
-    full, before more is read."""
+    full, before more is read. ``columns``: the columns the caller uses (None: all), others may
+    come empty or null (:func:`native.skip_bits`)."""
     from rmq_source.store.reader import _check_offset, _check_subscription
     if batch_rows <= 0 or batch_bytes <= 0:
         raise RmqOptionError("batch_rows and batch_bytes must be positive")
     sub = _check_subscription(subscription)
     codes = sub.codes if sub.tag_filter else None     # SQL92: the caller filters rows
     tags = sub.tags if sub.tag_filter else None
+    skip = native.skip_bits(columns)
     for r in ranges:
         _check_offset("start", r.start)
         _check_offset("end", r.end)
@@ -86,7 +89,7 @@ def read_ranges(store, ranges: Sequence[RangeRead], *, subscription, batch_rows:
                                  [e.stop for e in ready],
                                  [ranges[e.index].mq.queue_id for e in ready], topic=topic,
                                  codes=codes, tags=tags, max_rows=batch_rows - held_rows,
-                                 max_bytes=batch_bytes, verify_crc=verify_crc)
+                                 max_bytes=batch_bytes, verify_crc=verify_crc, skip=skip)
         _advance(store, ranges, pos, ready, res, cl)
         cap = (max(MIN_WINDOW, 2 * res.done) if res.done < len(ready) or res.statuses[-1] != "END"
                else cap * 4 if len(listed) >= cap else cap)

@@ -433,7 +433,8 @@ class Store:
                      batch_rows: int = DEFAULT_BATCH_ROWS, batch_bytes: int = DEFAULT_BATCH_BYTES,
                      verify_crc: bool = False,
                      on_data_loss: DataLossCallback | None = None,
-                     on_short_read: ShortReadCallback | None = None) -> Iterator[pa.RecordBatch]:
+                     on_short_read: ShortReadCallback | None = None,
+                     columns: tuple[str, ...] | None = None) -> Iterator[pa.RecordBatch]:
         """Yield the messages of queue offsets ``[start, end)`` that match ``subscription``
         (many ranges at once: :func:`rmq_source.store.range_reads.read_ranges`).
 
@@ -447,7 +448,8 @@ class Store:
         planned below the queue's max offset, so every unit of it was written: when the queue ends
         before ``end`` (its ConsumeQueue folder was removed, it holds fewer units than planned, or
         the store root was removed) ``on_short_read(first_unread, end, reason)`` is called and the
-        read stops; nothing is skipped without that call.
+        read stops; nothing is skipped without that call. ``columns``: the columns the caller
+        uses (None: all); others may come empty or null (:func:`native.skip_bits`).
         """
         _check_offset("start", start)
         _check_offset("end", end)
@@ -458,6 +460,7 @@ class Store:
         sub = _check_subscription(subscription)
         codes = sub.codes if sub.tag_filter else None     # SQL92: the caller filters rows
         tags = sub.tags if sub.tag_filter else None
+        skip = native.skip_bits(columns)
         pos = start
         while pos < end:
             try:
@@ -488,7 +491,7 @@ class Store:
                 return
             res = native.scan_queue(cl, segs, cq_size, pos, stop, codes=codes, tags=tags,
                                     max_rows=batch_rows, max_bytes=batch_bytes, verify_crc=verify_crc,
-                                    topic=topic, queue_id=queue_id)
+                                    topic=topic, queue_id=queue_id, skip=skip)
             if res.batch.num_rows:
                 yield self._finish([(res.batch, topic,
                                      np.full(res.batch.num_rows, queue_id, np.int32))])
