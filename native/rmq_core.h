@@ -161,8 +161,9 @@ typedef struct rmq_scan_args {
 
 /* Columns a scan may leave out (rmq_scan_args.skip). A left-out column keeps its place in the
  * batch: msgId, bornHost and storeHost come as empty strings, properties as empty maps, uniqKey,
- * tags and keys as nulls. Properties are still parsed and checked (UTF-8) when any of them is
- * left out: TAGS, KEYS and UNIQ_KEY come from the same parse, and so does the tag check. */
+ * tags and keys as nulls. The properties are parsed (and checked as UTF-8) while any of the
+ * properties map, keys, uniqKey and tags is kept or the scan checks tags (TAGS, KEYS and
+ * UNIQ_KEY come from the one parse); with all four left out and no tag check, not at all. */
 enum {
     RMQ_SKIP_MSGID = 1,
     RMQ_SKIP_HOSTS = 2,       /* bornHost and storeHost */

@@ -254,6 +254,9 @@ def test_columns_left_out_come_empty_the_others_as_read_in_full(store_root, need
     narrow, _ = _many(backend, ranges, Calls(), subscription=subscription, columns=needed)
     single = _one_by_one(store, ranges, Calls(), subscription=subscription, columns=needed)
     assert narrow.equals(single) and narrow.num_rows == full.num_rows > 50
+    small, _ = _many(backend, ranges, Calls(), subscription=subscription, columns=needed,
+                     batch_bytes=3000)                   # (rows over the budget decided alike)
+    assert small.equals(narrow)
     hosts_kept = {"bornHost", "storeHost"} & set(needed)
     for name in full.column_names:
         kept = name not in _SKIPPABLE or name in needed or (name.endswith("Host") and hosts_kept)

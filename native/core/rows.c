@@ -1084,11 +1084,22 @@ static int tags_subscribed(const rmq_scan_args *a, const uint8_t *ps, span tags)
     } while (0)
 #define NOMEM_ERR() (100 + set_err(err, RMQ_E_NOMEM, NULL, -1, -1, -1, "out of memory"))
 
+/* Nothing of the properties is handed out or checked (rmq_scan_args.skip): they are not parsed,
+ * nor checked as UTF-8. */
+static inline int props_unused(const rmq_scan_args *a) {
+    const uint32_t every = RMQ_SKIP_PROPS | RMQ_SKIP_KEYS | RMQ_SKIP_UNIQ | RMQ_SKIP_TAGS;
+    return (a->skip & every) == every && !a->check_tags;
+}
+
 /* A row that would cross max_bytes: decided exactly as if it were decoded (a properties UTF-8
  * error, a TAGS mismatch and a CRC error come first), without emitting it. */
 static int row_over_budget(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *clseg,
                            int64_t clpos, rmq_error *err) {
     const rmq_scan_args *a = sc->a;
+    if (props_unused(a)) {
+        CRC_CHECK();
+        return ROW_FULL;
+    }
     props_out po;
     const uint8_t *ps = r->props;
     if (parse_props(sc, ps, r->prop_len, clseg->base + clseg->size, &po) < 0) return NOMEM_ERR();
@@ -1225,46 +1236,51 @@ static int emit_row(scanner *sc, const rec *r, int64_t qoff, const rmq_segment *
     int over = limit - (ps + r->prop_len) >= 32;
     if (row & 1) prefetch_string_outputs(B);
 
-    /* the map first: the tag check below may still take the row back */
-    int64_t items0 = b->prop_items;
-    int64_t kd0 = B[RMQ_B_PKEY_DATA].len, vd0 = B[RMQ_B_PVAL_DATA].len;
-    props_out po;
-    map_cur mc = {B[RMQ_B_PKEY_DATA].data, B[RMQ_B_PVAL_DATA].data, B[RMQ_B_PKEY_OFF].data,
-                  B[RMQ_B_PVAL_OFF].data, kd0, vd0, items0};
-    int done = 0;
-    if (likely(over)) {
-#if RMQ_SSE2
-        if (sc->tpl.n) done = props_by_shape(&sc->tpl, ps, r->prop_len, &mc, &po);
-#endif
-        if (!done) done = props_fast(ps, r->prop_len, limit, &mc, &po, &sc->tpl);
-    }
-    if (likely(done)) {
-        B[RMQ_B_PKEY_DATA].len = mc.klen;
-        B[RMQ_B_PVAL_DATA].len = mc.vlen;
-        b->prop_items = mc.items;
-    } else if (props_general(sc, ps, r->prop_len, limit, over, &po)) {
-        return NOMEM_ERR();
-    }
-    if (unlikely(!po.ascii)) {
-        int64_t bad = utf8_invalid_at(ps, r->prop_len);
-        if (bad >= 0) return UTF8_ERR_PROPS(bad);
-    }
-    if (a->check_tags && !tags_subscribed(a, ps, po.tags)) {
-        b->prop_items = items0;
-        B[RMQ_B_PKEY_DATA].len = kd0;
-        B[RMQ_B_PVAL_DATA].len = vd0;
-        return ROW_REJECTED;
-    }
-    CRC_CHECK();
     const uint32_t skip = a->skip;
-    if (skip & RMQ_SKIP_PROPS) {     /* parsed for the spans and checks above; not handed out */
-        b->prop_items = items0;
-        B[RMQ_B_PKEY_DATA].len = kd0;
-        B[RMQ_B_PVAL_DATA].len = vd0;
+    props_out po;
+    if (unlikely(props_unused(a))) {
+        po.tags = po.keys = po.uniq = (span){0, -1};
+        CRC_CHECK();
+    } else {
+        /* the map first: the tag check below may still take the row back */
+        int64_t items0 = b->prop_items;
+        int64_t kd0 = B[RMQ_B_PKEY_DATA].len, vd0 = B[RMQ_B_PVAL_DATA].len;
+        map_cur mc = {B[RMQ_B_PKEY_DATA].data, B[RMQ_B_PVAL_DATA].data, B[RMQ_B_PKEY_OFF].data,
+                      B[RMQ_B_PVAL_OFF].data, kd0, vd0, items0};
+        int done = 0;
+        if (likely(over)) {
+#if RMQ_SSE2
+            if (sc->tpl.n) done = props_by_shape(&sc->tpl, ps, r->prop_len, &mc, &po);
+#endif
+            if (!done) done = props_fast(ps, r->prop_len, limit, &mc, &po, &sc->tpl);
+        }
+        if (likely(done)) {
+            B[RMQ_B_PKEY_DATA].len = mc.klen;
+            B[RMQ_B_PVAL_DATA].len = mc.vlen;
+            b->prop_items = mc.items;
+        } else if (props_general(sc, ps, r->prop_len, limit, over, &po)) {
+            return NOMEM_ERR();
+        }
+        if (unlikely(!po.ascii)) {
+            int64_t bad = utf8_invalid_at(ps, r->prop_len);
+            if (bad >= 0) return UTF8_ERR_PROPS(bad);
+        }
+        if (a->check_tags && !tags_subscribed(a, ps, po.tags)) {
+            b->prop_items = items0;
+            B[RMQ_B_PKEY_DATA].len = kd0;
+            B[RMQ_B_PVAL_DATA].len = vd0;
+            return ROW_REJECTED;
+        }
+        CRC_CHECK();
+        if (skip & RMQ_SKIP_PROPS) {     /* parsed for the spans and checks above; not handed out */
+            b->prop_items = items0;
+            B[RMQ_B_PKEY_DATA].len = kd0;
+            B[RMQ_B_PVAL_DATA].len = vd0;
+        }
+        if (skip & RMQ_SKIP_KEYS) po.keys.l = -1;
+        if (skip & RMQ_SKIP_UNIQ) po.uniq.l = -1;
+        if (skip & RMQ_SKIP_TAGS) po.tags.l = -1;
     }
-    if (skip & RMQ_SKIP_KEYS) po.keys.l = -1;
-    if (skip & RMQ_SKIP_UNIQ) po.uniq.l = -1;
-    if (skip & RMQ_SKIP_TAGS) po.tags.l = -1;
     B[RMQ_B_PKEY_OFF].len = B[RMQ_B_PVAL_OFF].len = (b->prop_items + 1) * 4;
     /* row-indexed columns go to the stage: entry (row & 15) of the value columns, entry
      * ((row + 1) & 15) of the offset columns */
