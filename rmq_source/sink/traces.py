@@ -62,7 +62,8 @@ class PublishTraces:
             if addr is None:
                 raise RmqRemotingError(f"broker {broker} of trace topic {topic!r} has no master")
             return rq.send_one_call(client, addr, topic, body, props, queue_id=queue_id,
-                                    born_ms=int(time.time() * 1000), producer_group=trace_producer_group(self.group),
+                                    born_ms=int(time.time() * 1000),
+                                    producer_group=trace_producer_group(self.group),
                                     broker_name=broker, binary_header=True)
 
         self.sender = TraceSender(topic, self.group, client, queues, send)

@@ -1,9 +1,10 @@
 """The columns a read produces: all documented ones (rmq_source/schema.py), or those of a schema
 the user gives (``spark.read.format("rmq").schema("queueOffset long, body binary")``, the SQL
-API's ``CREATE TABLE ... USING rmq (cols)``): any subset of the documented columns, in any order,
+API's ``CREATE TEMPORARY VIEW v (cols) USING rmq``): any subset of the documented columns, in any order,
 each with its documented type (nullability aside). PySpark's Python sources cannot prune columns
 by themselves; a user schema is how a query says which it needs, and the columns nobody asked for
-are never handed to Spark (their transport costs most for small messages).
+are never handed to Spark (their transport costs most for small messages), and the C core
+leaves the string columns nobody uses out of its rows (rmq_source.store.native.skip_bits).
 
 What the columns do not change: which messages are read, offsets, group progress, ordering,
 filters (tags, SQL92 and pushed filters see every column) and data-loss accounting.
