@@ -54,3 +54,16 @@ def test_a_wrong_schema_names_the_column_and_the_valid_ones(ddl, match):
 def test_an_empty_schema_is_refused():
     with pytest.raises(RmqReadSchemaError, match="has no column"):
         selected_columns(StructType([]))
+
+
+@pytest.mark.parametrize("name, kind, ok", [
+    ("queueOffset", "long", True), ("msgId", "string", True), ("properties", "map<string,string>", True),
+    ("tags", "string", False), ("uniqKey", "string", False), ("keys", "array<string>", False),
+])
+def test_not_null_only_where_no_row_has_null(name, kind, ok):
+    schema = StructType([T.StructField(name, TYPES[kind], nullable=False)])
+    if ok:
+        assert selected_columns(schema) == (name,)
+    else:
+        with pytest.raises(RmqReadSchemaError, match=f"declares column '{name}' NOT NULL"):
+            selected_columns(schema)

@@ -18,6 +18,10 @@ from pyspark.sql.types import StructType
 from rmq_source.errors import RmqReadSchemaError
 from rmq_source.schema import ARROW_SCHEMA, COLUMN_NAMES
 
+#: the columns a row may have null in (a message without UNIQ_KEY, TAGS or KEYS); a schema may
+#: declare the others NOT NULL, never these (Spark would trust it and drop its null checks)
+NULLABLE = ("uniqKey", "tags", "keys")
+
 
 def _documented() -> dict[str, str]:
     from pyspark.sql.pandas.types import from_arrow_schema     # (no JVM: runs in Python workers)
@@ -51,6 +55,11 @@ def selected_columns(schema: StructType | None) -> tuple[str, ...] | None:
         if name in seen:
             raise RmqReadSchemaError(f"the schema given to the rmq source names column {name!r} "
                                      "twice")
+        if not field.nullable and name in NULLABLE:
+            raise RmqReadSchemaError(
+                f"the schema given to the rmq source declares column {name!r} NOT NULL, but a "
+                f"message without it has null there (columns that may be null: "
+                f"{', '.join(NULLABLE)}); drop NOT NULL")
         seen.add(name)
     return None if names == COLUMN_NAMES else names
 
