@@ -594,6 +594,7 @@ def main() -> None:
                     res["stream"] = stream_rounds(spark, srcs, count, args.repeat, workdir, count // 4)
                     res["stream_one"] = stream_rounds(spark, srcs, count, args.repeat, workdir, None)
                 results["runs"][f"{count} x {size}"] = res
+                report({"runs": {f"{count} x {size}": res}, "latency": {}}, args)   # (as it goes)
         if "latency" not in skip:
             cmd = java_producer(cluster, kafka, workdir)
             for rate in (float(r) for r in args.rates.split(",")):
