@@ -265,8 +265,8 @@ def trace_producer_group(group: str) -> str:
 
 class ConsumeTraces:
     """The traces of one task reading: :meth:`record` each batch handed to Spark, :meth:`close`
-    at the end. ``backend`` is the task's ClusterBackend; ``group`` the consumer group (as the
-    brokers name it)."""
+    at the end. ``backend`` is the task's ClusterBackend; ``group`` the consumer group as
+    RocketMQ's clients write it in traces (without the namespace)."""
 
     def __init__(self, backend, topic: str, group: str):
         self.group = group
