@@ -251,3 +251,72 @@ def test_a_retry_topic_a_new_master_lacks_leaves_its_queues_out(monkeypatch, top
     else:
         with pytest.raises(error, match="not exist"):
             backend.infos_reachable(mqs)
+
+
+class _Call:
+    def __init__(self, item):
+        self.item, self.cancelled = item, False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+@pytest.mark.parametrize("fail_at", [None, 0, 5, 39])
+def test_offsets_of_many_queues_go_in_a_row_and_failures_the_one_at_a_time_way(monkeypatch, fail_at):
+    """A broker's queues are asked and written without waiting for each answer (at most WINDOW
+    in flight); from the first failure on, the queues left take the one-at-a-time way (its
+    retries and fallbacks), so every queue ends with its answer and none is asked twice when
+    nothing fails. A write the broker declines (a pending reset) is reported either way."""
+    from rmq_source.remote import offset_store
+    from rmq_source.remote.offset_store import BrokerOffsetStore
+    cluster = _Cluster(True, {})
+    backend = _backend(cluster)
+    backend.broker_addr("broker-a")                   # (routes the master)
+    mqs = [MessageQueue("T", "broker-a", q) for q in range(40)]
+    sent, one_by_one, in_flight = [], [], []
+
+    def send_query(client, addr, group, topic, queue_id, broker_name=None):
+        sent.append(queue_id)
+        in_flight.append(len(sent) - len(answered))
+        return _Call(queue_id)
+
+    answered = []
+
+    def answer(client, call):
+        if call.item == fail_at:
+            raise RmqRemotingConnectionError("reset by peer")
+        answered.append(call.item)
+        return None if call.item % 7 == 0 else call.item * 10
+
+    def query(client, addr, group, topic, queue_id, broker_name=None):
+        one_by_one.append(queue_id)
+        return None if queue_id % 7 == 0 else queue_id * 10
+
+    monkeypatch.setattr(rq, "query_consumer_offset_call", send_query)
+    monkeypatch.setattr(rq, "consumer_offset_of", answer)
+    monkeypatch.setattr(rq, "query_consumer_offset", query)
+    found = BrokerOffsetStore(None, "G", backend)._fetch(mqs)
+    assert found == {mq: mq.queue_id * 10 for mq in mqs if mq.queue_id % 7}
+    assert max(in_flight) <= offset_store.WINDOW
+    assert one_by_one == ([] if fail_at is None else list(range(fail_at, 40)))
+    assert answered == list(range(40 if fail_at is None else fail_at))
+
+    writes, written_one_by_one = [], []
+    monkeypatch.setattr(rq, "update_consumer_offset_call",
+                        lambda client, addr, group, topic, q, offset, broker_name=None:
+                        writes.append(q) or _Call(q))
+
+    def taken(client, call):
+        if call.item == fail_at:
+            raise RmqRemotingConnectionError("reset by peer")
+        return call.item != 3                          # queue 3: a reset is pending there
+
+    monkeypatch.setattr(rq, "offset_taken", taken)
+    monkeypatch.setattr(rq, "update_consumer_offset",
+                        lambda client, addr, group, topic, q, offset, broker_name=None:
+                        written_one_by_one.append(q) or q != 3)
+    store = BrokerOffsetStore(None, "G", backend)
+    declined = store._write_broker("broker-a", {mq: 100 + mq.queue_id for mq in mqs})
+    assert declined == {mqs[3]}
+    assert written_one_by_one == ([] if fail_at is None else list(range(fail_at, 40)))
+    assert store._written_to["broker-a"] == MASTER

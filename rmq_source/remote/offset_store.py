@@ -5,14 +5,22 @@ the broker of each queue (QUERY_CONSUMER_OFFSET; a queue the broker has no offse
 progress", -1, not offset 0) and :meth:`persist` writes each entry to its broker
 (UPDATE_CONSUMER_OFFSET). The broker keeps them in its ``config/consumerOffset.json``, where
 ``mqadmin consumerProgress`` and every other client of the group see them.
+
+RocketMQ has no request for many queues' group offsets (GET_CONSUME_STATS, the admin tools', reads
+a message of every queue and answers 0 for "no progress"), so the questions and writes of a
+broker's queues go to its master one after another without waiting for each answer
+(``WINDOW`` in flight): a query of a thousand queues pays about one round trip, not a thousand.
+Whatever goes wrong there (no master listed, a broker away, an error answer) sends the queues not
+yet answered the one-at-a-time way, with its retries, its slave fallback and its errors.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections import deque
+from typing import Callable, Iterable, Mapping
 
 from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailableError, RmqMasterAwayError,
-                               RmqRemotingConnectionError, RmqRemotingProtocolError,
-                               RmqRemotingTimeoutError)
+                               RmqRemotingConnectionError, RmqRemotingError,
+                               RmqRemotingProtocolError, RmqRemotingTimeoutError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import OffsetTable
 from rmq_source.remote import requests as rq
@@ -21,6 +29,8 @@ from rmq_source.remote.client import RemotingClient
 
 #: what a master answers a group commit for a group or topic it has not heard of
 _NOT_KNOWN_YET = (rq.SUBSCRIPTION_GROUP_NOT_EXIST, rq.TOPIC_NOT_EXIST)
+#: questions or writes of one broker's queues in flight at once (module doc)
+WINDOW = 32
 
 
 class BrokerOffsetStore(OffsetTable):
@@ -43,14 +53,46 @@ class BrokerOffsetStore(OffsetTable):
     def __repr__(self) -> str:
         return f"BrokerOffsetStore(group={self.group!r})"
 
+    def _in_a_row(self, broker: str, addr: str | None, items: list, send: Callable,
+                  take: Callable) -> dict:
+        """``take(call)`` of ``send(addr, item)`` for the items of ``broker`` (``addr``: its master
+        as last routed), at most ``WINDOW`` in flight, in order: {item: answer} of those answered
+        before the first failure (none when no master is listed or the broker failed lately)."""
+        done: dict = {}
+        if addr is None or self.backend.away_for(broker) is not None or len(items) < 2:
+            return done
+        pending: deque = deque()
+        try:
+            for item in items:
+                pending.append((item, send(addr, item)))
+                if len(pending) >= WINDOW:
+                    first, call = pending.popleft()
+                    done[first] = take(call)
+            while pending:
+                first, call = pending.popleft()
+                done[first] = take(call)
+        except RmqRemotingError:
+            for _, call in pending:
+                call.cancel()
+        return done
+
     def _fetch(self, mqs: list[MessageQueue]) -> dict[MessageQueue, int]:
         found = {}
-        for mq in mqs:
-            value = self.backend._call(mq.broker_name, lambda addr: rq.query_consumer_offset(
-                self.client, addr, self.group, mq.topic, mq.queue_id, broker_name=mq.broker_name),
-                slave_ok=True)
-            if value is not None and value >= 0:
-                found[mq] = value
+        for broker, queues in _by_broker(mqs).items():
+            answered = self._in_a_row(
+                broker, self.backend.master_addr(broker), queues,
+                lambda addr, mq: rq.query_consumer_offset_call(
+                    self.client, addr, self.group, mq.topic, mq.queue_id, broker_name=broker),
+                lambda call: rq.consumer_offset_of(self.client, call))
+            for mq in queues:
+                if mq in answered:
+                    value = answered[mq]
+                else:
+                    value = self.backend._call(broker, lambda addr: rq.query_consumer_offset(
+                        self.client, addr, self.group, mq.topic, mq.queue_id, broker_name=broker),
+                        slave_ok=True)
+                if value is not None and value >= 0:
+                    found[mq] = value
         return found
 
     def may_have_lost(self, broker: str, written_ms: int) -> bool:
@@ -95,7 +137,20 @@ class BrokerOffsetStore(OffsetTable):
             return None if on_master else f"written to its slave {addr} meanwhile"
 
         on_slave = []
-        for mq, offset in sorted(entries.items()):
+        ordered = sorted(entries.items())
+        master = self.backend.master_addr(broker)
+        taken = self._in_a_row(
+            broker, master, ordered,
+            lambda addr, entry: rq.update_consumer_offset_call(
+                self.client, addr, self.group, entry[0].topic, entry[0].queue_id, entry[1],
+                broker_name=broker),
+            lambda call: rq.offset_taken(self.client, call))
+        if taken:
+            self._written_to[broker] = master
+            declined.update(mq for (mq, _), ok in taken.items() if not ok)
+        for mq, offset in ordered:
+            if (mq, offset) in taken:
+                continue
             try:
                 said = self.backend._call(broker, lambda addr: write(addr, mq, offset), slave_ok=True)
             except RmqBrokerError as exc:
@@ -118,3 +173,10 @@ class BrokerOffsetStore(OffsetTable):
                 f"progress of {len(on_slave)} queue(s) is not on it yet ({on_slave[0]}); kept "
                 "until the master takes it")
         return declined
+
+
+def _by_broker(mqs: Iterable[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    out: dict[str, list[MessageQueue]] = {}
+    for mq in mqs:
+        out.setdefault(mq.broker_name, []).append(mq)
+    return out

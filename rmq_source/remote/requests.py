@@ -498,9 +498,20 @@ def offset_by_timestamp(client: RemotingClient, broker: str, topic: str, queue_i
 def query_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int, *,
                           broker_name: str | None = None, timeout=None) -> int | None:
     """The group's committed offset, or None when the broker has none."""
-    r = client.invoke(broker, QUERY_CONSUMER_OFFSET, _to_broker(
+    return consumer_offset_of(client, query_consumer_offset_call(
+        client, broker, group, topic, queue_id, broker_name=broker_name, timeout=timeout))
+
+
+def query_consumer_offset_call(client: RemotingClient, broker: str, group: str, topic: str,
+                               queue_id: int, *, broker_name: str | None = None, timeout=None) -> Call:
+    """:func:`query_consumer_offset` sent without waiting: :func:`consumer_offset_of` answers."""
+    return client.send(broker, QUERY_CONSUMER_OFFSET, _to_broker(
         {"consumerGroup": group, "topic": topic, "queueId": queue_id, "setZeroIfNotFound": "false"},
-        broker_name), timeout=timeout, ok=(SUCCESS, QUERY_NOT_FOUND))
+        broker_name), timeout=timeout)
+
+
+def consumer_offset_of(client: RemotingClient, call: Call) -> int | None:
+    r = client.answer(call, ok=(SUCCESS, QUERY_NOT_FOUND))
     return int(r.ext_fields["offset"]) if r.code == SUCCESS else None
 
 
@@ -512,9 +523,21 @@ RESET_PENDING_REMARK = "Offset has been previously reset"
 def update_consumer_offset(client: RemotingClient, broker: str, group: str, topic: str, queue_id: int,
                            offset: int, *, broker_name: str | None = None, timeout=None) -> bool:
     """Commit the group's offset; False when the broker ignored it for a pending reset."""
-    r = client.invoke(broker, UPDATE_CONSUMER_OFFSET, _to_broker(
+    return offset_taken(client, update_consumer_offset_call(
+        client, broker, group, topic, queue_id, offset, broker_name=broker_name, timeout=timeout))
+
+
+def update_consumer_offset_call(client: RemotingClient, broker: str, group: str, topic: str,
+                                queue_id: int, offset: int, *, broker_name: str | None = None,
+                                timeout=None) -> Call:
+    """:func:`update_consumer_offset` sent without waiting: :func:`offset_taken` answers."""
+    return client.send(broker, UPDATE_CONSUMER_OFFSET, _to_broker(
         {"consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset},
         broker_name), timeout=timeout)
+
+
+def offset_taken(client: RemotingClient, call: Call) -> bool:
+    r = client.answer(call)
     return (r.remark or "") != RESET_PENDING_REMARK
 
 
