@@ -63,6 +63,14 @@ static int out_full(rmq_error *err, const char *what, int64_t cap, int64_t i) {
                    what, (long long)cap, (long long)i);
 }
 
+/* The keys a message is found by: its id, then its own keys (space-separated), each followed by
+ * a space. */
+static int put_index_keys(trace_out *k, const void *id, int64_t id_len, const void *keys,
+                          int64_t keys_len) {
+    return tput(k, id, id_len) || tbyte(k, ' ') ||
+           (keys_len && (tput(k, keys, keys_len) || tbyte(k, ' ')));
+}
+
 /* the keys of row r of a list column, joined by spaces */
 static int put_key_list(trace_out *o, const rmq_trace_sub_rows *rw, int64_t r) {
     if (!rw->key_lists || (rw->key_lists_valid && !rw->key_lists_valid[r])) return 0;
@@ -107,8 +115,7 @@ int rmq_trace_sub(const rmq_trace_sub_rows *rw, const rmq_trace_texts *t, uint8_
             tfield(&o, keys_len ? keys_at : NULL, keys_len) || tput(&o, t->text[3], t->len[3]))
             return out_full(err, "output", cap, r);
         ends[r] = o.p - out;
-        if (tput(&k, id, id_len) || tbyte(&k, ' ') ||
-            (keys_len && (tput(&k, keys_at, keys_len) || tbyte(&k, ' '))))
+        if (put_index_keys(&k, id, id_len, keys_at, keys_len))
             return out_full(err, "keys", keys_cap, r);
         key_ends[r] = k.p - keys_out;
     }
@@ -179,8 +186,7 @@ int rmq_trace_pub(const uint8_t *batch, int64_t len, int64_t count, const char *
             tput(&o, t->text[3], t->len[3]))
             return out_full(err, "output", cap, i);
         ends[i] = o.p - out;
-        if (tput(&k, id, id_len) || tbyte(&k, ' ') ||
-            (keys_len && (tput(&k, keys, keys_len) || tbyte(&k, ' '))))
+        if (put_index_keys(&k, id, id_len, keys, keys_len))
             return out_full(err, "keys", keys_cap, i);
         key_ends[i] = k.p - keys_out;
         ids = comma ? comma + 1 : ids_end;

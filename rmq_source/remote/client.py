@@ -169,7 +169,8 @@ class Connection:
         ``serialize_type``: this request's header form, when not the connection's (servers
         answer in the request's)."""
         cmd = RemotingCommand(code, self._fields(ext_fields, body), body,
-                              serialize_type=serialize_type or self.serialize_type)
+                              serialize_type=(self.serialize_type if serialize_type is None
+                                              else serialize_type))
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
         pending = _Pending()
         with self._lock:

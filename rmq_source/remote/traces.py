@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from rmq_source.errors import RmqRemotingError, RmqSourceError
-from rmq_source.native_columns import fill, lists
+from rmq_source.native_columns import fill, lists, validity
 from rmq_source.remote import requests as rq
 from rmq_source.store.native import _raise, ffi, lib
 
@@ -101,12 +101,14 @@ class Contexts:
 
 
 def _texts(*texts: str):
+    """(the C struct of the four texts, the memory it points to, the bytes a message's context
+    takes besides its own fields, at most: the texts, numbers, separators and "null"s)."""
     raw = [t.encode() for t in texts]
     t = ffi.new("rmq_trace_texts *")
     keep = [ffi.new("char[]", r) for r in raw]
     for k, (r, c) in enumerate(zip(raw, keep)):
         t.text[k], t.len[k] = c, len(r)
-    return t, keep
+    return t, keep, sum(map(len, raw)) + 40
 
 
 def _run(fn, n: int, cap: int, keys_cap: int, *args) -> Contexts:
@@ -147,16 +149,15 @@ def sub_contexts(batch: pa.RecordBatch, group: str, request_id: str, now_ms: int
         values = np.frombuffer(retries.buffers()[1], np.int32)[retries.offset:retries.offset + n]
         keep.append(values)
         rows.retries = ffi.from_buffer("int32_t[]", values)
-        if retries.null_count:
-            valid = retries.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)
+        valid = validity(retries)
+        if valid is not None:
             keep.append(valid)
             rows.retries_valid = ffi.from_buffer("uint8_t[]", valid)
     now, req = str(now_ms), request_id
-    texts, keep_texts = _texts(f"SubBefore{C}{now}{C}{REGION}{C}{group}{C}{req}{C}",
-                               f"{F}SubAfter{C}{req}{C}", f"{C}{cost_ms}{C}true{C}",
-                               f"{C}0{C}{now}{C}{group}{F}")
+    texts, keep_texts, fixed = _texts(f"SubBefore{C}{now}{C}{REGION}{C}{group}{C}{req}{C}",
+                                      f"{F}SubAfter{C}{req}{C}", f"{C}{cost_ms}{C}true{C}",
+                                      f"{C}0{C}{now}{C}{group}{F}")
     ids = _size(uniq) + _size(msg_id)
-    fixed = sum(texts.len[k] for k in range(4)) + 40     # (numbers, separators, "null"s)
     return _run(lib.rmq_trace_sub, n, n * fixed + 2 * (ids + key_bytes), n * 2 + ids + key_bytes,
                 rows, texts)
 
@@ -167,10 +168,10 @@ def pub_contexts(encoded: bytes, count: int, offset_ids: str, *, group: str, top
     """The Pub contexts of the ``count`` messages of a SEND_BATCH_MESSAGE body the broker
     stored (``offset_ids``: its answer's ``msgId``, one per message, joined by commas;
     ``success``: it answered SEND_OK, as RocketMQ's producers record it)."""
-    texts, keep = _texts(f"Pub{C}{sent_ms}{C}{region}{C}{group}{C}{topic}{C}", f"{C}{store_host}{C}",
-                         f"{C}{cost_ms}{C}", f"{C}{'true' if success else 'false'}{F}")
+    texts, keep, fixed = _texts(f"Pub{C}{sent_ms}{C}{region}{C}{group}{C}{topic}{C}",
+                                f"{C}{store_host}{C}", f"{C}{cost_ms}{C}",
+                                f"{C}{'true' if success else 'false'}{F}")
     ids = offset_ids.encode()
-    fixed = sum(texts.len[k] for k in range(4)) + 40     # (numbers, separators, "null"s)
     return _run(lib.rmq_trace_pub, count, count * fixed + len(encoded) + len(ids),
                 2 * count + len(encoded), encoded, len(encoded), count, ids, len(ids), texts)
 

@@ -12,6 +12,7 @@ filters (tags, SQL92 and pushed filters see every column) and data-loss accounti
 from __future__ import annotations
 
 import difflib
+import functools
 
 from pyspark.sql.types import StructType
 
@@ -23,6 +24,7 @@ from rmq_source.schema import ARROW_SCHEMA, COLUMN_NAMES
 NULLABLE = ("uniqKey", "tags", "keys")
 
 
+@functools.cache
 def _documented() -> dict[str, str]:
     from pyspark.sql.pandas.types import from_arrow_schema     # (no JVM: runs in Python workers)
     return {f.name: f.dataType.simpleString() for f in from_arrow_schema(ARROW_SCHEMA)}
