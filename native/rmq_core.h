@@ -61,6 +61,7 @@ enum rmq_code {
                                    a pre-blank filler unit after written units */
     RMQ_E_UNIT_MISMATCH = 18,   /* the record a CQ unit points to is not that unit's message
                                    (PHYSICALOFFSET, or topic/QUEUEID/QUEUEOFFSET) */
+    RMQ_E_BAD_ENTRY = 19,       /* a DLedger CommitLog record not inside a valid entry header */
     RMQ_E_NET = 20,             /* send/receive failed or the peer closed (sys_errno set if any) */
     RMQ_E_TIMEOUT = 21,         /* no answer (or no room to send) before the deadline */
     RMQ_E_PROTOCOL = 22         /* a frame no server writes: bad length, header, serialize type */
@@ -97,6 +98,9 @@ typedef struct rmq_files {
     rmq_segment **segs;
     int64_t count;
     int64_t file_size;
+    int32_t dledger;        /* CommitLog only: nonzero when records from dledger_from on sit in
+                               DLedger entries (rmq_layout.h); 0 for the default layout */
+    int64_t dledger_from;   /* first physical offset of the DLedger data files */
 } rmq_files;
 
 typedef struct rmq_buf {

@@ -51,6 +51,18 @@
  *   INNER_MULTI_QUEUE_OFFSET (§4.2, both comma-separated) and QUEUEID equal to the queue id or
  *   the queue id 0.
  *
+ * DLedger entry (DLedger 0.3.x DLedgerEntryCoder; brokers with enableDLegerCommitLog, 4.5+):
+ *   the CommitLog address space is that of the DLedger data files (dledger-<selfId>/data/), and
+ *   every record sits in an entry of a 48-byte header (all big-endian):
+ *     0 int32 MAGIC 1, 4 int32 SIZE (header + body), 8 int64 INDEX, 16 int64 TERM,
+ *     24 int64 POS (the entry's own address), 32 int32 CHANNEL, 36 int32 CHAIN CRC,
+ *     40 int32 BODY CRC (both CRCs are written as 0 by DLedger 0.3.x: nothing to check),
+ *     44 int32 BODY LENGTH; then the body: one CommitLog record whose PHYSICALOFFSET is POS + 48.
+ *   A ConsumeQueue unit points at the record (POS + 48). A record at or above the DLedger start
+ *   (rmq_files.dledger_from) must sit in such an entry: MAGIC 1, POS = record - 48, BODY LENGTH
+ *   = TOTALSIZE and SIZE = TOTALSIZE + 48, else BAD_ENTRY. Entries never span files; a file
+ *   ends with int32 -1 (BLANK) where the next entry did not fit.
+ *
  * Safety: every read is bounds-checked against the mapping; a bad record yields an error code and
  * a message naming the file, the byte position and the physical/queue offset, never a crash and
  * never a silent skip. Files are mapped PROT_READ/MAP_SHARED; the mapping must not be truncated
@@ -87,6 +99,8 @@
 #define MAGIC_V2 0xDAA320ABu
 #define MAGIC_BLANK 0xCBD43194u
 #define CQ_UNIT 20
+#define DLEDGER_HEADER 48  /* DLedgerEntry.BODY_OFFSET */
+#define DLEDGER_MAGIC 1
 #define PREBLANK_SIZE 0x7FFFFFFF
 
 #endif

@@ -58,6 +58,7 @@ const char *rmq_code_name(int code) {
     case RMQ_E_CRC_MISMATCH: return "CRC_MISMATCH";
     case RMQ_E_BAD_UNIT: return "BAD_UNIT";
     case RMQ_E_UNIT_MISMATCH: return "UNIT_MISMATCH";
+    case RMQ_E_BAD_ENTRY: return "BAD_ENTRY";
     case RMQ_E_NET: return "NETWORK";
     case RMQ_E_TIMEOUT: return "TIMEOUT";
     case RMQ_E_PROTOCOL: return "PROTOCOL";

@@ -380,8 +380,34 @@ static __attribute__((cold, noinline)) int unit_mismatch(const rmq_scan_args *a,
                    a->queue_id, (long long)n, ref);
 }
 
+/* A record of a DLedger CommitLog (phy >= cl->dledger_from) must be the body of the entry whose
+ * 48-byte header precedes it in the same file (rmq_layout.h): else BAD_ENTRY, naming the header's
+ * position. The record itself was validated first, so r->total is its TOTALSIZE. */
+static int check_entry(const rmq_files *cl, const rmq_segment *seg, int64_t pos, const rec *r,
+                       int64_t phy, int64_t qoff, rmq_error *err) {
+    if (!cl->dledger || phy < cl->dledger_from) return RMQ_OK;
+    int64_t hp = pos - DLEDGER_HEADER;
+    if (unlikely(hp < 0))
+        return set_err(err, RMQ_E_BAD_ENTRY, seg->path, pos, phy, qoff,
+                       "record at position %lld of a DLedger data file has no room for the "
+                       "48-byte entry header before it", (long long)pos);
+    const uint8_t *h = seg->base + hp;
+    int32_t magic = rd_i32(h), size = rd_i32(h + 4), body = rd_i32(h + 44);
+    int64_t epos = rd_i64(h + 24);
+    if (likely(magic == DLEDGER_MAGIC && epos == phy - DLEDGER_HEADER && body == r->total &&
+               (int64_t)size == (int64_t)r->total + DLEDGER_HEADER))
+        return RMQ_OK;
+    return set_err(err, RMQ_E_BAD_ENTRY, seg->path, hp, phy, qoff,
+                   "DLedger entry header before the record is not this record's: magic %d "
+                   "(expected 1), pos %lld (expected %lld), body length %d and size %d "
+                   "(expected %d and %lld)", magic, (long long)epos,
+                   (long long)(phy - DLEDGER_HEADER), body, size, r->total,
+                   (long long)r->total + DLEDGER_HEADER);
+}
+
 /* Locate the record at physical offset phy; errors name the CommitLog file when it exists. The
- * record's PHYSICALOFFSET must be phy (UNIT_MISMATCH). */
+ * record's PHYSICALOFFSET must be phy (UNIT_MISMATCH), and in a DLedger CommitLog it must sit in
+ * its entry (BAD_ENTRY). */
 static int locate_record(const rmq_files *cl, int64_t phy, int64_t size, rec *r, int64_t qoff,
                          const char *cq_path, int64_t cq_pos, rmq_error *err) {
     rmq_segment *seg = files_seg(cl, phy, NULL);
@@ -397,7 +423,7 @@ static int locate_record(const rmq_files *cl, int64_t phy, int64_t size, rec *r,
     int rc = parse_record(seg, pos, size, r, phy, qoff, err);
     if (rc) return rc;
     if (unlikely(r->phy != phy)) return phy_mismatch(err, seg, pos, r, phy, qoff, cq_path, cq_pos);
-    return RMQ_OK;
+    return check_entry(cl, seg, pos, r, phy, qoff, err);
 }
 
 int rmq_store_timestamp(const rmq_files *cl, int64_t phy, int32_t size, int64_t *out,

@@ -43,6 +43,10 @@ static inline int take_unit(scanner *sc, const rmq_files *cl, int64_t phy, int32
                                  (int64_t)(up - cseg->base), err);
         if (code) return 100 + code;
     }
+    if (unlikely(cl->dledger)) {
+        int code = check_entry(cl, clseg, clpos, &r, phy, n, err);
+        if (code) return 100 + code;
+    }
     return emit_row(sc, &r, n, clseg, clpos, err);
 }
 

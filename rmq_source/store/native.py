@@ -68,7 +68,8 @@ _STATUS = {lib.RMQ_ST_END: "END", lib.RMQ_ST_FULL: "FULL", lib.RMQ_ST_CQ_END: "C
            lib.RMQ_ST_CL_GONE: "CL_GONE"}
 _CORRUPT = {lib.RMQ_E_BAD_MAGIC, lib.RMQ_E_TRUNCATED, lib.RMQ_E_SIZE_MISMATCH,
             lib.RMQ_E_NEGATIVE_LENGTH, lib.RMQ_E_UNIT_OUT_OF_RANGE, lib.RMQ_E_BAD_UTF8,
-            lib.RMQ_E_CRC_MISMATCH, lib.RMQ_E_BAD_UNIT, lib.RMQ_E_UNIT_MISMATCH}
+            lib.RMQ_E_CRC_MISMATCH, lib.RMQ_E_BAD_UNIT, lib.RMQ_E_UNIT_MISMATCH,
+            lib.RMQ_E_BAD_ENTRY}
 
 
 def _raise(err) -> None:
@@ -157,7 +158,7 @@ class _Files:
 
     __slots__ = ("handles", "array", "struct")
 
-    def __init__(self, segments, file_size: int, what: str):
+    def __init__(self, segments, file_size: int, what: str, dledger_from: int | None = None):
         if isinstance(segments, Segment):
             raise RmqOptionError(f"{what} segments must be a list of Segment, got one Segment")
         segments = list(segments)
@@ -186,6 +187,9 @@ class _Files:
             self.array[i] = h
         self.struct = ffi.new("rmq_files *", {"segs": self.array, "count": len(self.handles),
                                               "file_size": file_size})
+        if dledger_from is not None:
+            self.struct.dledger = 1
+            self.struct.dledger_from = _check_int("dledger_from", dledger_from)
 
 
 class CommitLog:
@@ -195,12 +199,18 @@ class CommitLog:
     after the previous one); ``min_offset`` is the first segment's ``file_start`` (0 when empty):
     records below it were deleted by retention. The CommitLog is a snapshot of that file list: it
     keeps the mappings alive itself, so closing its Segments later does not invalidate it.
+
+    ``dledger_from``: the physical offset from which records sit in DLedger entries (a broker
+    with ``enableDLegerCommitLog``; its first DLedger data file's start, above the files of a
+    CommitLog it wrote before, if any); every record read at or above it must be the body of its
+    entry (``BAD_ENTRY`` otherwise). None: the default layout.
     """
 
-    def __init__(self, segments: list[Segment], file_size: int):
+    def __init__(self, segments: list[Segment], file_size: int, dledger_from: int | None = None):
         self.segments = list(segments)
         self.file_size = file_size
-        self._files = _Files(self.segments, file_size, "CommitLog")
+        self.dledger_from = dledger_from
+        self._files = _Files(self.segments, file_size, "CommitLog", dledger_from)
         self.min_offset = self.segments[0].file_start if self.segments else 0
 
     def valid_end(self, verify_crc: bool = False) -> int:

@@ -11,7 +11,6 @@ batch boundaries differ: a batch holds the rows of many ranges, at most ``batch_
 """
 from __future__ import annotations
 
-import os
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -129,7 +128,7 @@ def _list_window(store, ranges, pos, first: int, cap: int, units: int | None) ->
         try:
             segs, cq_size = store._cq(topic, r.mq.queue_id, topic_checked=True)
         except RmqStoreLayoutError:
-            if os.path.isdir(os.path.join(store.root, "commitlog")):
+            if store.layout.present():
                 raise
             out.append(_Listed(i, None, 0, 0, store._root_gone()))
             continue
@@ -154,7 +153,7 @@ def _check_window(store, ranges, pos, listed: list[_Listed]
         try:
             cl = store.commitlog()
         except RmqStoreLayoutError:
-            if os.path.isdir(os.path.join(store.root, "commitlog")):
+            if store.layout.present():
                 raise
             listed = [e._replace(segs=None, gone=store._root_gone()) for e in listed]
     ready: list[_Ready] = []

@@ -1,6 +1,7 @@
 """Read a RocketMQ broker store directory: topics, queues, offsets and messages as Arrow batches.
 
-A store root is the directory holding ``commitlog/``, ``consumequeue/`` and ``config/`` (the
+A store root is the directory holding ``commitlog/`` (or, written by a DLedger broker,
+``dledger-<selfId>/data/``: :mod:`rmq_source.store.layout`), ``consumequeue/`` and ``config/`` (the
 broker's ``storePathRootDir``). Offsets are ConsumeQueue (logical) offsets:
 
 * ``min_offset`` is the first offset still readable: the first unit whose CommitLog record has not
@@ -25,6 +26,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from rmq_source.store import layout as store_layout
 from rmq_source.store import native
 from rmq_source.store.bodies import decompress_bodies
 from rmq_source.store.queue_poll import PolledTopic
@@ -141,10 +143,7 @@ class Store:
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise RmqStoreLayoutError(f"store root {self.root!r} is not a directory")
-        if not os.path.isdir(os.path.join(self.root, "commitlog")):
-            raise RmqStoreLayoutError(
-                f"store root {self.root!r} has no commitlog/ folder; expected the broker's "
-                "storePathRootDir (holding commitlog/, consumequeue/, config/)")
+        self.layout = store_layout.detect(self.root)
         if not broker_name or not isinstance(broker_name, str):
             raise RmqOptionError(f"broker_name must be a non-empty string, got {broker_name!r}")
         for name, value in (("commitlog_file_size", commitlog_file_size), ("cq_file_size", cq_file_size)):
@@ -169,12 +168,11 @@ class Store:
         if not os.path.isdir(self.root):
             raise RmqStoreLayoutError(
                 f"store root {self.root!r} of broker {self.broker_name!r} no longer exists (removed "
-                "or unmounted after it was opened); expected the broker's storePathRootDir "
-                "(holding commitlog/, consumequeue/, config/)")
-        if not os.path.isdir(os.path.join(self.root, "commitlog")):
+                f"or unmounted after it was opened); {store_layout.EXPECTED}")
+        if not self.layout.present():
             raise RmqStoreLayoutError(
                 f"store root {self.root!r} of broker {self.broker_name!r} no longer has a "
-                "commitlog/ folder (removed after the store was opened)")
+                f"{self.layout.missing_text()} folder (removed after the store was opened)")
 
     # -- mapped files -------------------------------------------------------------------------
     def _segment(self, folder: str, path: str, start: int) -> native.Segment:
@@ -259,21 +257,41 @@ class Store:
         return [self._segment(folder, p, s) for s, p in files], file_size
 
     def commitlog(self) -> native.CommitLog:
-        """The CommitLog as currently on disk (its folder looked at on every call; the same
-        object while the listing is kept, see :meth:`_segments_of`)."""
+        """The CommitLog as currently on disk (its folders looked at on every call; the same
+        object while their listings are kept, see :meth:`_segments_of`). A DLedger store's
+        address space is its DLedger data files above the ``commitlog/`` files it may have kept
+        from before the switch (:mod:`rmq_source.store.layout`)."""
         with self._lock:
-            segs, size = self._segments_of(os.path.join(self.root, "commitlog"), self._cl_file_size,
-                                           "CommitLog")
+            listed = tuple(self._segments_of(folder, self._cl_file_size, "CommitLog")
+                           for folder in self.layout.commitlog_dirs())
+            segs, size, dledger_from = self._address_space(listed)
             if not segs:
                 self._check_root()
             if size and self._cl_file_size is None:
                 self._cl_file_size = size
             kept = self._commitlog
-            if kept is not None and kept[0] is segs and kept[1] == size:
+            if (kept is not None and len(kept[0]) == len(listed)
+                    and all(a[0] is b[0] for a, b in zip(kept[0], listed)) and kept[1] == size):
                 return kept[2]
-            cl = native.CommitLog(segs, size or 1)
-            self._commitlog = (segs, size, cl)
+            cl = native.CommitLog(segs, size or 1, dledger_from)
+            self._commitlog = (listed, size, cl)
             return cl
+
+    def _address_space(self, listed: tuple) -> tuple[list, int, int | None]:
+        """(segments, file size, DLedger start) of the listed CommitLog folders."""
+        if self.layout.dledger_dir is None:
+            segs, size = listed[0]
+            return segs, size, None
+        (low, low_size), (high, high_size) = listed
+        if low and high and (low_size != high_size
+                             or high[0].file_start != low[-1].file_start + low_size):
+            raise RmqStoreLayoutError(
+                f"the DLedger CommitLog {self.layout.dledger_data} does not continue the "
+                f"commitlog/ files it follows: its first file starts at {high[0].file_start} "
+                f"(file size {high_size}), the last commitlog/ file at {low[-1].file_start} "
+                f"(file size {low_size})")
+        start = high[0].file_start if high else (low[-1].file_start + low_size if low else 0)
+        return low + high, high_size or low_size, start
 
     def _queue_dir(self, topic: str, queue_id: int) -> str:
         return f"{self.root}/consumequeue/{topic}/{queue_id}"
@@ -320,6 +338,7 @@ class Store:
         if os.path.isdir(folder):
             ids.update(int(n) for n in os.listdir(folder) if n.isdigit())
         conf = self._configured_topics().get(topic)
+        store_layout.check_topic_queue_type(self.root, topic, conf)
         if conf is not None and int(conf.get("perm", 6)) & 4:
             ids.update(range(int(conf.get("readQueueNums", 0))))
         if not ids and conf is None:
@@ -474,7 +493,7 @@ class Store:
                 written = self._max_of(segs)
                 cl = self.commitlog()
             except RmqStoreLayoutError:
-                if on_short_read is None or os.path.isdir(os.path.join(self.root, "commitlog")):
+                if on_short_read is None or self.layout.present():
                     raise
                 on_short_read(pos, end, self._root_gone())
                 return
@@ -508,7 +527,7 @@ class Store:
 
     def _root_gone(self) -> str:
         return (f"the store root {self.root} of broker {self.broker_name!r} no longer exists (or "
-                "lost its commitlog/)")
+                f"lost its {self.layout.missing_text()})")
 
     @staticmethod
     def _queue_ends(written: int, end: int) -> str:
@@ -566,10 +585,18 @@ class Store:
                 raise
             # decompress_bodies reports the record's physical offset: name its file and position
             start = exc.position - exc.position % self._cl_file_size
-            path = os.path.join(self.root, "commitlog", f"{start:020d}")
+            path = os.path.join(self._commitlog_folder(exc.position), f"{start:020d}")
             raise RmqCorruptStoreError(f"{exc} (file {path}, position {exc.position - start})",
                                        path=path, position=exc.position - start,
                                        code=exc.code) from exc
+
+    def _commitlog_folder(self, phy: int) -> str:
+        """The folder of the CommitLog file holding physical offset ``phy``."""
+        kept = self._commitlog
+        dledger_from = kept[2].dledger_from if kept is not None else None
+        if dledger_from is not None and phy >= dledger_from:
+            return self.layout.dledger_data
+        return self.layout.commitlog_dir
 
     def _unit_sizes(self, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
         """Record sizes of the ConsumeQueue units ``[start, end)`` (read from the CQ files); shorter

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from rmq_source.errors import RmqOptionError, RmqSourceError, RmqStoreLayoutError, RmqUnknownTopicError
+from rmq_source.store.layout import refuse_other_layouts
 from rmq_source.store import record_codec as rc
 from rmq_source.store.cq_dispatch import ConsumeQueueDispatch, QueueState, default_open_queue_files
 from rmq_source.store.mapped_files import MappedFile, file_name, list_files, publish
@@ -121,6 +122,7 @@ class StoreWriter(TopicTable, Recovery, ConsumeQueueDispatch):
         self.max_open_queue_files = (default_open_queue_files() if max_open_queue_files is None else
                                      int_arg("max_open_queue_files", max_open_queue_files, 1, 1 << 20))
         self.root = Path(root)
+        refuse_other_layouts(self.root)
         self.broker_name = broker_name
         self.properties_style = properties_style
         self.store_host = host(store_host, "store_host")
