@@ -231,7 +231,8 @@ public class Dump {
                     String offsetId = m instanceof MessageClientExt
                         ? ((MessageClientExt) m).getOffsetMsgId() : m.getMsgId();
                     System.out.println("MSG " + q + " " + m.getQueueOffset() + " " + offsetId + " "
-                        + m.getFlag() + " " + m.getBodyCRC() + " " + b64.encodeToString(m.getBody()) + " "
+                        + m.getFlag() + " " + m.getBodyCRC() + " "
+                        + b64.encodeToString(m.getBody() == null ? new byte[0] : m.getBody()) + " "
                         + b64.encodeToString(props.toString().getBytes(StandardCharsets.UTF_8)));
                 }
                 offset = r.getNextBeginOffset();
@@ -289,7 +290,7 @@ def java_dump(rocketmq, workdir, topic, broker_name, queues):
     out = {q: [] for q in range(queues)}
     ends = {}
     for line in run_java(rocketmq, workdir, "Dump", topic, broker_name, str(queues)):
-        kind, *f = line.split() or [""]
+        kind, *f = line.split(" ")      # (an empty body is an empty field)
         if kind == "MSG":
             props = base64.b64decode(f[6]).decode()
             props = dict(kv.split("\u0001", 1) for kv in props.split("\u0002") if kv)

@@ -1,0 +1,129 @@
+"""Store mode on the other layouts, judged by real brokers (RocketMQ 4.9.x and 5.3.x).
+
+1. One broker of each layout writes the plan (tests/layout_stores.py) and is stopped: our store
+   read of a DLedger store equals what the broker served (our pulls) and what the real Java
+   client pulled; a RocksDB-CQ store is named as such.
+2. A three-peer DLedger group: its followers frozen, the leader appends an entry it cannot
+   commit and is SIGKILLed; the two others elect a leader and take more messages. The killed
+   leader's store (the uncommitted entry in its data file) reads as a prefix of what the group
+   serves, without that entry (which the new term may still commit, when it had reached a frozen
+   follower's socket); the new leader's store, stopped, reads as all the group serves.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import time
+
+import pytest
+
+import rocketmq_cluster as rc_cluster
+from conftest import running_cluster
+from layout_stores import (QUEUES, SMALL_FILES, TOPIC, dledger_props, layout_props, read_store,
+                           served, write_plan)
+from test_broker_stores import java_dump
+from rmq_source.errors import RmqStoreLayoutError
+from rmq_source.remote import RemotingClient
+from rmq_source.remote import requests as rq
+
+pytestmark = pytest.mark.broker
+
+
+def _wait_served(client, addr: str, total: int) -> None:
+    deadline = time.monotonic() + 60
+    while sum(rq.max_offset(client, addr, TOPIC, q) for q in range(QUEUES)) < total:
+        assert time.monotonic() < deadline, "the broker did not dispatch every message sent"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("line,kind", [("4.9", "dledger"), ("5.3", "dledger"), ("5.3", "rocksdb")],
+                         ids=["rocketmq-4.9-dledger", "rocketmq-5.3-dledger", "rocketmq-5.3-rocksdb"])
+def test_store_reads_what_the_broker_served(rocketmq_jars, tmp_path_factory, tmp_path, line, kind):
+    with running_cluster(rocketmq_jars, line, tmp_path_factory, f"layout-{kind}",
+                         broker_kw={"extra": layout_props(kind), "commitlog_size": SMALL_FILES}) as cluster:
+        broker = cluster.brokers["broker-a"]
+        with RemotingClient(timeout=15) as client:
+            cluster.create_topic(client, TOPIC, QUEUES)
+            total = write_plan(client, broker.addr)
+            _wait_served(client, broker.addr, total)
+            live = served(client, broker.addr)
+        dumped, ends = java_dump(cluster, tmp_path, TOPIC, "broker-a", QUEUES)
+        cluster.stop_broker("broker-a")
+    assert sum(map(len, live.values())) == total
+    if kind == "rocksdb":
+        with pytest.raises(RmqStoreLayoutError, match="storeType=defaultRocksDB.*live mode"):
+            read_store(broker.store)
+        return
+    assert len(os.listdir(broker.store / "dledger-n0" / "data")) > 3     # reads cross files
+    got = read_store(broker.store)
+    assert got == live
+    for q in range(QUEUES):
+        assert ends[q][0] == len(live[q])
+        for (offset, msg_id, flag, crc, body, props), row in zip(dumped[q], got[q], strict=True):
+            assert (offset, msg_id, flag, crc) == (row["queueOffset"], row["msgId"], row["flag"],
+                                                   row["bodyCRC"])
+            assert body == base64.b64decode(row["body"]) and props == row["properties"]
+
+
+def _leader(client, namesrv: str, brokers: list, not_addr: str | None = None):
+    deadline = time.monotonic() + 90
+    while True:
+        addr = rq.cluster_info(client, namesrv).master_addr("broker-a")
+        found = [b for b in brokers if b.addr == addr and addr != not_addr]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no DLedger leader registered (master: {addr})"
+        time.sleep(0.3)
+
+
+def test_killed_leader_store_leaves_out_its_uncommitted_entry(rocketmq_jars, tmp_path_factory):
+    version, jars = rocketmq_jars("4.9")
+    with running_cluster(rocketmq_jars, "4.9", tmp_path_factory, "dledger-group", broker_names=()) as cluster:
+        work = cluster.workdir
+        ports = [rc_cluster.free_port() for _ in range(3)]
+        peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(ports))
+        brokers = [rc_cluster.Broker(version, jars, work / f"peer-n{i}", namesrv=cluster.namesrv_addr,
+                                     commitlog_size=SMALL_FILES, heap_mb=256,
+                                     extra={**dledger_props(f"n{i}", peers),
+                                            "maxWaitAckTimeMs": 3000})
+                   for i in range(3)]
+        cluster.started.extend(brokers)
+        for b in brokers:
+            b.launch()
+        for b in brokers:
+            b.wait_boot()
+        with RemotingClient(timeout=15) as client:
+            leader = _leader(client, cluster.namesrv_addr, brokers)
+            # (the next leader creates the topic itself when it is sent to: autoCreateTopicEnable)
+            rq.create_topic(client, leader.addr, TOPIC, read_queues=QUEUES)
+            total = write_plan(client, leader.addr, count=120)
+            followers = [b for b in brokers if b is not leader]
+            for b in followers:
+                os.killpg(b.proc.pid, signal.SIGSTOP)
+            try:
+                # appended by the leader, never acknowledged by a quorum
+                with pytest.raises(Exception):
+                    rq.send_message(client, leader.addr, TOPIC, b"uncommitted-entry", queue_id=2,
+                                    tags="t0", timeout=8)
+                data = leader.store / f"dledger-n{brokers.index(leader)}" / "data"
+                assert any(b"uncommitted-entry" in f.read_bytes() for f in data.iterdir())
+                leader.kill()
+            finally:
+                for b in followers:
+                    os.killpg(b.proc.pid, signal.SIGCONT)
+            new = _leader(client, cluster.namesrv_addr, followers, not_addr=leader.addr)
+            rq.send_batch(client, new.addr, TOPIC, [{"body": b"after-%d" % i, "tags": "t1"}
+                                                    for i in range(8)], queue_id=2)
+            _wait_served(client, new.addr, total + 8)
+            live = served(client, new.addr)
+        bodies = [base64.b64decode(r["body"]) for rows in live.values() for r in rows]
+        # the entry reached the frozen followers' sockets or not: the new term commits it or not
+        assert len(bodies) == total + 8 + bodies.count(b"uncommitted-entry")
+        old = read_store(leader.store)
+        assert all(base64.b64decode(r["body"]) != b"uncommitted-entry" for rows in old.values() for r in rows)
+        for q in range(QUEUES):
+            assert old[q] == live[q][:len(old[q])], q
+        assert sum(map(len, old.values())) >= total - QUEUES     # dispatch may lag a message a queue
+        new.stop()
+        assert read_store(new.store) == live
