@@ -44,14 +44,17 @@ from rmq_source.subscription import java_string_hash  # noqa: E402
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_BLANK = 0xCBD43194
+DLEDGER_HEADER = 48
 HIT, MISS = "TagHIT", "TagMIS"          # same length: every record has the same size
 JAVA_MSGS_PER_S = 1.37e6                # RocketMQ 4.9.3 read path, 1 thread (anchors)
 JAVA_UNITS_PER_S = 9.9e6
 
 
 def build_store(root: Path, messages: int, queues: int, body_size: int, cl_file_size: int,
-                cq_file_size: int, hit_every: int) -> dict:
-    """Write commitlog/ and consumequeue/Bench/<q>/; returns layout facts."""
+                cq_file_size: int, hit_every: int, dledger: bool = False) -> dict:
+    """Write commitlog/ and consumequeue/Bench/<q>/; returns layout facts. ``dledger``: the
+    CommitLog as a one-peer DLedger broker writes it instead (dledger-n0/data/, each record the
+    body of a 48-byte entry header, native/rmq_layout.h), the same messages otherwise."""
     rng = np.random.default_rng(7)
     topic = b"Bench"
     props_tpl = ("UNIQ_KEY\x01" + "0" * 32 + "\x02KEYS\x01K" + "0" * 9 + "\x02TAGS\x01" + MISS +
@@ -67,8 +70,10 @@ def build_store(root: Path, messages: int, queues: int, body_size: int, cl_file_
     idx = np.arange(messages, dtype=np.int64)
     qid = (idx % queues).astype(">i4")
     qoff = (idx // queues).astype(">i8")
-    per_file = (cl_file_size - 8) // size          # k records fit when k*size + 8 <= file size
-    phy = (idx // per_file) * cl_file_size + (idx % per_file) * size
+    head_len = DLEDGER_HEADER if dledger else 0
+    stride = head_len + size
+    per_file = (cl_file_size - 8) // stride        # k records fit when k*stride + 8 <= file size
+    phy = (idx // per_file) * cl_file_size + (idx % per_file) * stride + head_len
     ts = (1_795_000_000_000 + idx // 50).astype(">i8")
     body_at = 88
     p0 = body_at + body_size + 1 + len(topic) + 2
@@ -90,7 +95,14 @@ def build_store(root: Path, messages: int, queues: int, body_size: int, cl_file_
                     for i in range(messages)], dtype=">i4")
     recs[:, 8:12] = crc.view(np.uint8).reshape(-1, 4)
 
-    cl_dir = root / "commitlog"
+    if dledger:
+        heads = np.zeros((messages, head_len), np.uint8)
+        for at, dtype, values in ((0, ">i4", 1), (4, ">i4", stride), (8, ">i8", idx),
+                                  (24, ">i8", phy - head_len), (44, ">i4", size)):
+            col = np.broadcast_to(np.asarray(values, dtype=dtype), (messages,))
+            heads[:, at:at + col.itemsize] = np.ascontiguousarray(col).view(np.uint8).reshape(-1, col.itemsize)
+        recs = np.concatenate([heads, recs], axis=1)
+    cl_dir = root / "dledger-n0" / "data" if dledger else root / "commitlog"
     cl_dir.mkdir(parents=True)
     nfiles = -(-messages // per_file)
     for f in range(nfiles):
@@ -98,8 +110,8 @@ def build_store(root: Path, messages: int, queues: int, body_size: int, cl_file_
         tail = cl_file_size - len(chunk)
         with open(cl_dir / f"{f * cl_file_size:020d}", "wb") as fh:
             fh.write(chunk)
-            if f < nfiles - 1:
-                fh.write(struct.pack(">iI", tail, MAGIC_BLANK))
+            if f < nfiles - 1:      # DLedger: int32 -1 then the bytes left
+                fh.write(struct.pack(">ii", -1, tail) if dledger else struct.pack(">iI", tail, MAGIC_BLANK))
             fh.truncate(cl_file_size)
 
     unit = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])

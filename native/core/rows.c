@@ -580,6 +580,8 @@ static inline void prefetch_unit_record(scanner *sc, const rmq_files *cl, const 
     int64_t pos = phy - seg->file_start;
     if (size <= 0 || pos < 0 || size > seg->size - pos) return;
     const uint8_t *p = seg->base + pos;
+    if (cl->dledger && pos >= DLEDGER_HEADER) /* the entry header take_unit checks */
+        __builtin_prefetch(p - DLEDGER_HEADER, 0, 3);
     int64_t head = size < PREFETCH_HEAD ? size : PREFETCH_HEAD;
     int64_t off = 0;
     for (; off + 256 <= head; off += 256) {
