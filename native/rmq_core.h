@@ -179,6 +179,7 @@ enum {
 };
 
 rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *err);
+rmq_segment *rmq_segment_from_fd(int fd, const char *label, int64_t file_start, rmq_error *err);
 void rmq_segment_close(rmq_segment *seg);
 
 int rmq_commitlog_valid_end(const rmq_files *cl, int verify_crc, int64_t *out, rmq_error *err);

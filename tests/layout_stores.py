@@ -95,6 +95,11 @@ def read_store(root, topic: str = TOPIC, queues: int = QUEUES) -> dict[int, list
     """queue id -> every row our store reader reads of ``topic`` at ``root``, as manifest rows."""
     from rmq_source.store.reader import Store
     with Store(root, broker_name="broker-a") as st:
-        return {q: [store_row(r) for r in st.read(topic, q, st.min_offset(topic, q),
-                                                  st.max_offset(topic, q)).to_pylist()]
-                for q in range(queues)}
+        return read_rows(st, topic, queues)
+
+
+def read_rows(st, topic: str = TOPIC, queues: int = QUEUES) -> dict[int, list[dict]]:
+    """:func:`read_store` through an open ``Store``."""
+    return {q: [store_row(r) for r in st.read(topic, q, st.min_offset(topic, q),
+                                              st.max_offset(topic, q)).to_pylist()]
+            for q in range(queues)}

@@ -1,9 +1,9 @@
 """Store mode on the reference stores of the other layouts (tests/fixtures/layouts.tar.xz, written
 by real 4.9.7 and 5.3.3 brokers: tests/fixtures/make_layouts.py), and on damaged copies of them.
 
-A DLedger store reads exactly what its broker served (manifest.jsonl), through every way in:
-queue bounds, tags, SQL92 in Spark, timestamps, the rmq-store command line. A damaged entry is an
-error naming its file and position; a layout store mode does not read is named as such.
+A DLedger store and a RocksDB-CQ store read exactly what their broker served (manifest.jsonl),
+through every way in: queue bounds, tags, SQL92 in Spark, timestamps, the rmq-store command line.
+A damaged entry or unit is an error naming where; a layout store mode does not read is named.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from rmq_source.store.writer import StoreWriter
 
 ARCHIVE = Path(__file__).resolve().parent / "fixtures" / "layouts.tar.xz"
 DLEDGER = ["rocketmq-4.9.7/dledger", "rocketmq-5.3.3/dledger", "rocketmq-4.9.7/dledger-switched"]
+ROCKSDB = "rocketmq-5.3.3/rocksdb-cq"
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +50,14 @@ def copy(layouts: Path, name: str, tmp_path: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("name", DLEDGER)
-def test_dledger_store_reads_what_its_broker_served(layouts, name):
+@pytest.mark.parametrize("name", DLEDGER + [ROCKSDB])
+def test_store_reads_what_its_broker_served(layouts, name):
     folder = layouts / name
     assert read_store(folder / "store") == manifest(folder)
     bounds = json.loads((folder / "queues.json").read_text())[TOPIC]
     with Store(folder / "store") as st:
-        assert st.layout.dledger_dir is not None
+        assert (st.layout.dledger_dir is not None) == (name != ROCKSDB)
+        assert st.layout.rocksdb_cq == (name == ROCKSDB)
         assert {str(q): [st.min_offset(TOPIC, q), st.max_offset(TOPIC, q)] for q in range(QUEUES)} == bounds
         if name.endswith("switched"):     # both halves of the address space are read
             assert os.listdir(folder / "store" / "commitlog")
@@ -65,8 +67,9 @@ def test_dledger_store_reads_what_its_broker_served(layouts, name):
             assert min(offsets) < cl.dledger_from < max(offsets)
 
 
-def test_tags_and_timestamps(layouts):
-    folder = layouts / DLEDGER[1]
+@pytest.mark.parametrize("name", [DLEDGER[1], ROCKSDB])
+def test_tags_and_timestamps(layouts, name):
+    folder = layouts / name
     rows = manifest(folder)
     with Store(folder / "store") as st:
         for q in range(QUEUES):
@@ -116,14 +119,37 @@ def test_command_line_on_a_dledger_store(layouts):
     assert out.returncode == 0, out.stderr
 
 
-def test_rocksdb_consume_queues_are_named(layouts, tmp_path):
-    store = layouts / "rocketmq-5.3.3/rocksdb-cq/store"
-    with pytest.raises(RmqStoreLayoutError, match=r"RocksDB database.*storeType=defaultRocksDB.*live mode"):
-        Store(store)
-    out = _cli("topics", store)
-    assert out.returncode != 0 and "storeType=defaultRocksDB" in out.stderr
+def test_rocksdb_store_on_the_command_line_and_without_rocksdict(layouts):
+    store = layouts / ROCKSDB / "store"
+    rows = manifest(layouts / ROCKSDB)
+    out = _cli("topics", store, "--json")
+    assert out.returncode == 0, out.stderr
+    assert {(r["queueId"], r["maxOffset"]) for r in map(json.loads, out.stdout.splitlines())
+            if r["topic"] == TOPIC} == {(q, len(rows[q])) for q in range(QUEUES)}
     with pytest.raises(RmqStoreLayoutError, match="storeType=defaultRocksDB"):
         StoreWriter(store)
+    code = ("import sys; sys.modules['rocksdict'] = None\n"
+            "from rmq_source.store.reader import Store\n"
+            f"Store({str(store)!r})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "storeType=defaultRocksDB" in out.stderr and "rmq_source[rocksdb]" in out.stderr
+    assert "live mode" in out.stderr
+
+
+def test_a_gap_in_rocksdb_units_is_an_error_naming_it(layouts, tmp_path):
+    from rocksdict import Options, Rdict
+    store = copy(layouts, ROCKSDB, tmp_path)
+    db = Rdict(str(store / "consumequeue"), options=Options(raw_mode=True),
+               column_families={"default": Options(raw_mode=True), "offset": Options(raw_mode=True)})
+    topic = TOPIC.encode()
+    db.get_column_family("default").delete(
+        len(topic).to_bytes(4, "big") + b"\x01" + topic + b"\x01" + (3).to_bytes(4, "big") + b"\x01"
+        + (30).to_bytes(8, "big"))
+    db.close()
+    with Store(store) as st, pytest.raises(RmqCorruptStoreError,
+                                            match=f"{TOPIC}/3: units are not consecutive: offset 31 follows 29"):
+        st.max_offset(TOPIC, 3)
 
 
 def _entry_of(store: Path, row: dict) -> tuple[Path, int]:

@@ -114,6 +114,8 @@ static void clear_err(rmq_error *err) {
 /* ------------------------------------------------------------------------------------------ */
 /* Segments                                                                                    */
 
+static rmq_segment *segment_of_fd(int fd, const char *path, int64_t file_start, rmq_error *err);
+
 rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *err) {
     clear_err(err);
     if (!path || file_start < 0) {
@@ -128,6 +130,29 @@ rmq_segment *rmq_segment_open(const char *path, int64_t file_start, rmq_error *e
         if (err) err->sys_errno = e;
         return NULL;
     }
+    return segment_of_fd(fd, path, file_start, err);
+}
+
+/* A segment of what the caller's descriptor `fd` holds (an in-memory file: ConsumeQueue units
+ * read out of a RocksDB database), named `label` in errors; `fd` stays the caller's. */
+rmq_segment *rmq_segment_from_fd(int fd, const char *label, int64_t file_start, rmq_error *err) {
+    clear_err(err);
+    if (fd < 0 || !label || file_start < 0) {
+        set_err(err, RMQ_E_ARG, label, -1, -1, -1, "bad descriptor, label or file start");
+        return NULL;
+    }
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) {
+        int e = errno;
+        set_err(err, RMQ_E_IO, label, -1, -1, -1, "cannot duplicate descriptor: %s", strerror(e));
+        if (err) err->sys_errno = e;
+        return NULL;
+    }
+    return segment_of_fd(own, label, file_start, err);
+}
+
+/* Map (or, in sanitizer builds, copy) the regular file open as `fd`, which it closes. */
+static rmq_segment *segment_of_fd(int fd, const char *path, int64_t file_start, rmq_error *err) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         int e = errno;

@@ -8,12 +8,14 @@
   broker switched to DLedger over an existing store keeps its old ``commitlog/`` files below the
   first DLedger file (RocketMQ's ``dividedCommitlogOffset``): both are one address space.
 
+* **RocksDB consume queues** (5.x ``storeType=defaultRocksDB``): ``consumequeue/`` is one RocksDB
+  database (:mod:`rmq_source.store.rocksdb_queues`); the CommitLog is the default one.
+
 The broker dispatches to its consume queues only what its DLedger group committed (the reput
 stops at the committed position), so a reader that goes through the consume queues, as store
 mode does, never reads an entry the group has not committed.
 
-Layouts store mode does not read are named, never mistaken for a missing topic:
-``storeType=defaultRocksDB`` (``consumequeue/`` is a RocksDB database) and BatchCQ topics
+A layout store mode does not read is named, never mistaken for a missing topic: BatchCQ topics
 (``batchconsumequeue/<topic>/``, or ``queue.type=BatchCQ`` in the topic's attributes).
 """
 from __future__ import annotations
@@ -35,16 +37,19 @@ class Layout:
     ``commitlog_dir``: the default layout's ``commitlog/`` (also the lower part of a DLedger
     store that a default store was switched from; it may be absent in a DLedger store).
     ``dledger_dir``: ``dledger-<selfId>/`` of a DLedger store, None for the default layout.
+    ``rocksdb_cq``: the consume queues are a RocksDB database (``storeType=defaultRocksDB``).
     """
 
     root: str
     commitlog_dir: str
     dledger_dir: str | None = None
+    rocksdb_cq: bool = False
 
     @property
     def name(self) -> str:
-        return "default" if self.dledger_dir is None else \
+        log = "default" if self.dledger_dir is None else \
             f"DLedger ({os.path.basename(self.dledger_dir)}/)"
+        return log + (", RocksDB consume queues" if self.rocksdb_cq else "")
 
     @property
     def dledger_data(self) -> str | None:
@@ -70,8 +75,8 @@ EXPECTED = ("expected the broker's storePathRootDir (holding commitlog/ or dledg
 
 def detect(root: str) -> Layout:
     """The layout of the store at ``root`` (an existing directory); RmqStoreLayoutError for a
-    root that is no store, for several DLedger folders and for RocksDB consume queues."""
-    check_consume_queues(root)
+    root that is no store and for several DLedger folders."""
+    rocksdb = is_rocksdb_cq(root)
     dledgers = sorted(n for n in _names(root)
                       if n.startswith(DLEDGER_PREFIX) and os.path.isdir(os.path.join(root, n, "data")))
     commitlog = os.path.join(root, "commitlog")
@@ -80,20 +85,16 @@ def detect(root: str) -> Layout:
             f"store root {root!r} holds the DLedger CommitLogs of several peers ({', '.join(dledgers)}); "
             "a broker writes one (dledger-<dLegerSelfId>): point the store path at a root holding one")
     if dledgers:
-        return Layout(root, commitlog, os.path.join(root, dledgers[0]))
+        return Layout(root, commitlog, os.path.join(root, dledgers[0]), rocksdb)
     if not os.path.isdir(commitlog):
         raise RmqStoreLayoutError(f"store root {root!r} has no commitlog/ folder; {EXPECTED}")
-    return Layout(root, commitlog)
+    return Layout(root, commitlog, None, rocksdb)
 
 
-def check_consume_queues(root: str) -> None:
-    """RocksDB consume queues (RocketMQ 5.x ``storeType=defaultRocksDB``): said, naming them."""
+def is_rocksdb_cq(root: str) -> bool:
+    """Whether ``consumequeue/`` is a RocksDB database (RocketMQ 5.x ``storeType=defaultRocksDB``)."""
     cq = os.path.join(root, "consumequeue")
-    if any(os.path.isfile(os.path.join(cq, n)) for n in _ROCKSDB_MARKERS):
-        raise RmqStoreLayoutError(
-            f"store root {root!r} keeps its consume queues in a RocksDB database ({cq}: a broker "
-            "with storeType=defaultRocksDB); store mode reads the default file consume queues "
-            f"only: {LIVE_MODE}")
+    return any(os.path.isfile(os.path.join(cq, n)) for n in _ROCKSDB_MARKERS)
 
 
 def refuse_other_layouts(root) -> None:
@@ -102,7 +103,11 @@ def refuse_other_layouts(root) -> None:
     root = os.fspath(root)
     if not os.path.isdir(root):
         return
-    check_consume_queues(root)
+    if is_rocksdb_cq(root):
+        raise RmqStoreLayoutError(
+            f"store root {root!r} keeps its consume queues in a RocksDB database (a broker with "
+            "storeType=defaultRocksDB); the writer writes file consume queues only and does not "
+            "append to it")
     dledgers = sorted(n for n in _names(root) if n.startswith(DLEDGER_PREFIX))
     if dledgers:
         raise RmqStoreLayoutError(

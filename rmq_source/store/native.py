@@ -46,7 +46,7 @@ else:
             "the C core rmq_source._native is not built; run `pip install -e .` (or "
             "`python setup.py build_ext --inplace`) in the project root") from exc
 
-__all__ = ["Segment", "map_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
+__all__ = ["Segment", "map_segment", "memory_segment", "CommitLog", "cq_valid_units", "cq_first_unit_at_or_above",
            "ScanResult", "scan_queue", "QueueFiles", "RangesResult", "scan_ranges", "lookup_time", "live_batches", "buffer_bytes_taken",
            "NATIVE_SCHEMA", "C_SCHEMA",
            "CQ_UNIT_SIZE", "MAX_BATCH_BYTES", "MAX_QUEUE_OFFSET"]
@@ -151,6 +151,29 @@ def map_segment(path: str | os.PathLike, file_start: int) -> Segment:
         _raise(err)
     handle = ffi.gc(ptr, lib.rmq_segment_close)
     return Segment(handle, path, file_start, int(ptr.size))
+
+
+def memory_segment(data, label: str, file_start: int) -> Segment:
+    """A read-only Segment holding the bytes ``data`` (an in-memory file), named ``label`` in
+    errors; ``file_start`` is its start address. Used for ConsumeQueue units that come from a
+    RocksDB database rather than from files (:mod:`rmq_source.store.rocksdb_queues`)."""
+    if not isinstance(label, str) or not label:
+        raise RmqOptionError(f"label must be a non-empty string, got {label!r}")
+    _check_int("file_start", file_start)
+    view = memoryview(data).cast("B")
+    fd = os.memfd_create("rmq_source-units", os.MFD_CLOEXEC)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+        err = ffi.new("rmq_error *")
+        ptr = lib.rmq_segment_from_fd(fd, label.encode("utf-8", "surrogateescape"), file_start, err)
+    finally:
+        os.close(fd)
+    if ptr == ffi.NULL:
+        _raise(err)
+    handle = ffi.gc(ptr, lib.rmq_segment_close)
+    return Segment(handle, label, file_start, int(ptr.size))
 
 
 class _Files:

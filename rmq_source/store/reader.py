@@ -30,6 +30,7 @@ from rmq_source.store import layout as store_layout
 from rmq_source.store import native
 from rmq_source.store.bodies import decompress_bodies
 from rmq_source.store.queue_poll import PolledTopic
+from rmq_source.store.rocksdb_queues import RocksQueues
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreLayoutError,
                                RmqUnknownTopicError)
 from rmq_source.backend import DataLossCallback, QueueInfo, ShortReadCallback
@@ -144,6 +145,7 @@ class Store:
         if not os.path.isdir(self.root):
             raise RmqStoreLayoutError(f"store root {self.root!r} is not a directory")
         self.layout = store_layout.detect(self.root)
+        self._rocks = RocksQueues(self.root) if self.layout.rocksdb_cq else None
         if not broker_name or not isinstance(broker_name, str):
             raise RmqOptionError(f"broker_name must be a non-empty string, got {broker_name!r}")
         for name, value in (("commitlog_file_size", commitlog_file_size), ("cq_file_size", cq_file_size)):
@@ -297,6 +299,12 @@ class Store:
         return f"{self.root}/consumequeue/{topic}/{queue_id}"
 
     def _cq(self, topic: str, queue_id: int, topic_checked: bool = False) -> tuple[list, int]:
+        if self._rocks is not None:
+            with self._lock:
+                segs, size = self._rocks.segments(topic, queue_id)
+                if not segs:
+                    self._check_root()
+                return segs, size
         if not topic_checked:
             _check_real_dirs(f"{self.root}/consumequeue/{topic}")
         with self._lock:
@@ -323,6 +331,8 @@ class Store:
         cq_root = os.path.join(self.root, "consumequeue")
         if os.path.isdir(cq_root):
             found.update(n for n in os.listdir(cq_root) if os.path.isdir(os.path.join(cq_root, n)))
+        if self._rocks is not None:
+            found.update(self._rocks.queues())
         found.update(self._configured_topics())
         return sorted(found)
 
@@ -335,7 +345,9 @@ class Store:
         self._check_root()
         ids: set[int] = set()
         folder = os.path.join(self.root, "consumequeue", topic)
-        if os.path.isdir(folder):
+        if self._rocks is not None:
+            ids.update(self._rocks.queues().get(topic, ()))
+        elif os.path.isdir(folder):
             ids.update(int(n) for n in os.listdir(folder) if n.isdigit())
         conf = self._configured_topics().get(topic)
         store_layout.check_topic_queue_type(self.root, topic, conf)
@@ -419,6 +431,8 @@ class Store:
         folder is unchanged since their listing was kept are answered in one C call
         (:class:`rmq_source.store.queue_poll.PolledTopic`)."""
         cl = self.commitlog()
+        if self._rocks is not None:
+            return [self.queue_info(topic, q, commitlog=cl) for q in queue_ids]
         topic_dir = f"{self.root}/consumequeue/{topic}"
         _check_real_dirs(topic_dir)
         with self._lock:
@@ -667,6 +681,8 @@ class Store:
             self._polled.clear()
             self._queue_files_kept.clear()
             self._commitlog = None
+            if self._rocks is not None:
+                self._rocks.close()
             for mapped in self._segments.values():
                 for seg in mapped.values():
                     seg.close()
