@@ -215,3 +215,34 @@ def test_a_switched_store_whose_dledger_does_not_continue_its_commitlog(layouts,
     sorted((store / "commitlog").iterdir())[-1].unlink()
     with Store(store) as st, pytest.raises(RmqStoreLayoutError, match="does not continue"):
         st.commitlog()
+
+
+@pytest.mark.spark42    # (before 4.2 the group trails an AvailableNow run by its last batch)
+@pytest.mark.parametrize("name", [DLEDGER[2], ROCKSDB])
+def test_a_group_streams_the_store_and_resumes(layouts, tmp_path, spark, name):
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.group.offset_store import GroupOffsetStore
+    store = copy(layouts, name, tmp_path)
+    rows = manifest(layouts / name)
+    opts = {"storePath": str(store), "topic": TOPIC, "consumerGroup": "LayoutGroup",
+            "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET"}
+
+    def run(n):
+        sink, chk = tmp_path / f"sink{n}", tmp_path / f"chk{n}"
+        reader = spark.readStream.format("rmq")
+        for k, v in opts.items():
+            reader = reader.option(k, v)
+        q = (reader.load().writeStream.format("parquet").option("path", str(sink))
+             .option("checkpointLocation", str(chk)).trigger(availableNow=True).start())
+        q.awaitTermination(300)
+        assert q.exception() is None, q.exception()
+        return sorted((r.queueId, r.queueOffset, bytes(r.body))
+                      for r in spark.read.parquet(str(sink)).collect()) if sink.exists() else []
+
+    assert run(1) == sorted((r["queueId"], r["queueOffset"], base64.b64decode(r["body"]))
+                            for q in rows.values() for r in q)
+    group = GroupOffsetStore(str(store / "rmq_source_offsets"), "LayoutGroup",
+                             broker_stores={"broker-a": str(store)})
+    assert {q: group.read_offset(MessageQueue(TOPIC, "broker-a", q)) for q in range(QUEUES)} == {
+        q: len(rows[q]) for q in range(QUEUES)}
+    assert run(2) == []          # a new query of the group resumes where it left: nothing new
