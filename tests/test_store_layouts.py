@@ -246,3 +246,28 @@ def test_a_group_streams_the_store_and_resumes(layouts, tmp_path, spark, name):
     assert {q: group.read_offset(MessageQueue(TOPIC, "broker-a", q)) for q in range(QUEUES)} == {
         q: len(rows[q]) for q in range(QUEUES)}
     assert run(2) == []          # a new query of the group resumes where it left: nothing new
+
+
+def test_dledger_state_without_its_data_is_named(layouts, tmp_path):
+    """A broker with storePathDLedgerCommitLog: dledger-n0/ holds only its checkpoint."""
+    store = copy(layouts, DLEDGER[0], tmp_path)
+    shutil.rmtree(store / "dledger-n0" / "data")
+    with pytest.raises(RmqStoreLayoutError, match="storePathDLedgerCommitLog"):
+        Store(store)
+
+
+def test_rocksdb_secondary_folders_are_removed(layouts):
+    import glob
+    import gc
+    import tempfile
+    pattern = os.path.join(tempfile.gettempdir(), "rmq_source-rocksdb-*")
+    before = set(glob.glob(pattern))
+    with Store(layouts / ROCKSDB / "store") as st:
+        st.max_offset(TOPIC, 0)
+    st.max_offset(TOPIC, 1)          # a closed Store maps again on use
+    st.close()
+    dropped = Store(layouts / ROCKSDB / "store")
+    dropped.max_offset(TOPIC, 0)
+    del dropped
+    gc.collect()
+    assert set(glob.glob(pattern)) == before

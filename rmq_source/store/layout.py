@@ -86,6 +86,14 @@ def detect(root: str) -> Layout:
             "a broker writes one (dledger-<dLegerSelfId>): point the store path at a root holding one")
     if dledgers:
         return Layout(root, commitlog, os.path.join(root, dledgers[0]), rocksdb)
+    elsewhere = sorted(n for n in _names(root) if n.startswith(DLEDGER_PREFIX)
+                       and os.path.isfile(os.path.join(root, n, "checkpoint")))
+    if elsewhere and not os.path.isdir(commitlog):
+        raise RmqStoreLayoutError(
+            f"store root {root!r} holds the DLedger state {elsewhere[0]}/ without its data/ folder: "
+            "a broker with storePathDLedgerCommitLog keeps its DLedger CommitLog elsewhere, which "
+            "store mode does not follow; point the store path at a root holding "
+            f"{elsewhere[0]}/data/, or read the broker in live mode (option namesrvAddr)")
     if not os.path.isdir(commitlog):
         raise RmqStoreLayoutError(f"store root {root!r} has no commitlog/ folder; {EXPECTED}")
     return Layout(root, commitlog, None, rocksdb)

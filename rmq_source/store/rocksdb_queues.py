@@ -38,6 +38,7 @@ import struct
 import tempfile
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -114,14 +115,15 @@ class RocksQueues:
         self._units = self._db.get_column_family("default")
         self._offsets = self._db.get_column_family("offset")
         self._caught_up = time.monotonic()
+        # a Store dropped without close() still removes the secondary instance's folder
+        self._finalizer = weakref.finalize(self, _release, self._db, self._secondary)
 
     def close(self) -> None:
         with self._lock:
             if self._db is not None:
-                self._db.close()
+                self._finalizer()
                 self._db = None
                 self._queues.clear()
-                shutil.rmtree(self._secondary, ignore_errors=True)
 
     def _catch_up(self) -> None:
         now = time.monotonic()
@@ -206,6 +208,13 @@ class RocksQueues:
 
     def _label(self, topic: str, queue_id: int, start: int) -> str:
         return f"{self.path} (RocksDB) {topic}/{queue_id} from offset {start // 20}"
+
+
+def _release(db, secondary: str) -> None:
+    try:
+        db.close()
+    finally:
+        shutil.rmtree(secondary, ignore_errors=True)
 
 
 def _offset_key(key: bytes) -> tuple[str, int] | None:
