@@ -38,9 +38,15 @@ def _wait_served(client, addr: str, total: int) -> None:
         time.sleep(0.2)
 
 
+@pytest.fixture(scope="module")
+def java_work(tmp_path_factory):
+    """A folder per RocketMQ version where the Java Dump is compiled once."""
+    return tmp_path_factory.mktemp("java")
+
+
 @pytest.mark.parametrize("line,kind", [("4.9", "dledger"), ("5.3", "dledger"), ("5.3", "rocksdb")],
                          ids=["rocketmq-4.9-dledger", "rocketmq-5.3-dledger", "rocketmq-5.3-rocksdb"])
-def test_store_reads_what_the_broker_served(rocketmq_jars, tmp_path_factory, tmp_path, line, kind):
+def test_store_reads_what_the_broker_served(rocketmq_jars, tmp_path_factory, java_work, line, kind):
     with running_cluster(rocketmq_jars, line, tmp_path_factory, f"layout-{kind}",
                          broker_kw={"extra": layout_props(kind), "commitlog_size": SMALL_FILES}) as cluster:
         broker = cluster.brokers["broker-a"]
@@ -60,7 +66,9 @@ def test_store_reads_what_the_broker_served(rocketmq_jars, tmp_path_factory, tmp
                 assert all(rows == live[q][:len(rows)] for q, rows in got.items())
                 assert time.monotonic() < deadline, "the store read did not catch up with its broker"
                 time.sleep(0.2)
-        dumped, ends = java_dump(cluster, tmp_path, TOPIC, "broker-a", QUEUES)
+        work = java_work / cluster.version
+        work.mkdir(exist_ok=True)
+        dumped, ends = java_dump(cluster, work, TOPIC, "broker-a", QUEUES)
         cluster.stop_broker("broker-a")
     assert sum(map(len, live.values())) == total
     if kind == "dledger":
