@@ -52,14 +52,6 @@ _UNIT = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 INSTALL = "pip install 'rmq_source[rocksdb]'"
 
 
-def available() -> bool:
-    try:
-        import rocksdict  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _queue_prefix(topic: str, queue_id: int) -> bytes:
     t = topic.encode("utf-8")
     return struct.pack(">i", len(t)) + b"\x01" + t + b"\x01" + struct.pack(">i", queue_id) + b"\x01"
