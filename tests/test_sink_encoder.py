@@ -140,6 +140,7 @@ def test_same_batches_and_bytes_as_the_row_by_row_path(rows, types, lead, cuts, 
 
 @pytest.mark.parametrize("cols, match", [
     ({"body": [b"ok", None]}, "row 1: body is null"),
+    ({"body": [b"ok", ""]}, "row 1: body is empty"),
     ({"body": [b"x" * 401]}, "row 0: body of 401 bytes exceeds maxMessageBytes"),
     ({"body": [b"x", b"y"], "tags": ["a", "b\x01"]}, "row 1: tags contain"),
     ({"body": [b"x"], "keys": ["a\x02b"]}, "row 0: keys contain"),

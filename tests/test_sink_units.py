@@ -124,6 +124,7 @@ def _messages(batch, topic="T", max_bytes=1 << 20):
 
 @pytest.mark.parametrize("cols, match", [
     ({"body": [b"x", None]}, "partition 3, row 11: body is null"),
+    ({"body": [b"x", b""]}, "partition 3, row 11: body is empty"),
     ({"body": [b"x" * 11]}, "exceeds maxMessageBytes"),
     ({"body": [b"x"], "properties": [[("TAGS", "a")]]}, "reserved"),
     ({"body": [b"x"], "properties": [[("k", " ")]]}, "non-blank"),

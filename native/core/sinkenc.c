@@ -272,7 +272,9 @@ int64_t rmq_sink_plan(const rmq_sink_rows *rw, int64_t from, const rmq_sink_limi
     int64_t nb = 0, count = open_count, bytes = open_bytes, mine = 0;
     for (int64_t r = from; r < rw->n; r++) {
         int64_t blen = rw->body.off[r + 1] - rw->body.off[r];
-        int64_t plen = col_null(&rw->body, r) || blen > lim->max_body ? -1 : row_props_len(rw, r);
+        /* an empty body is no message: the Java client refuses it, a 5.x broker fails on it */
+        int64_t plen = col_null(&rw->body, r) || blen == 0 || blen > lim->max_body
+                           ? -1 : row_props_len(rw, r);
         if (plen < 0) {
             *bad_row = r;
             break;

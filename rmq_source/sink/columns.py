@@ -185,6 +185,9 @@ def messages(batch: pa.RecordBatch, *, first_row: int, partition: int, keys: Tas
             raise row_error("body is null (every message needs a body)")
         if body.__class__ is str:
             body = body.encode()
+        if not body:
+            raise row_error("body is empty (RocketMQ takes no message without body bytes: the Java "
+                            "client refuses one, a 5.x broker fails on it)")
         if len(body) > max_message_bytes:
             raise row_error(f"body of {len(body)} bytes exceeds maxMessageBytes ({max_message_bytes}: "
                             "the broker's maxMessageSize); split it or raise both limits")
