@@ -320,3 +320,27 @@ def test_offsets_of_many_queues_go_in_a_row_and_failures_the_one_at_a_time_way(m
     assert declined == {mqs[3]}
     assert written_one_by_one == ([] if fail_at is None else list(range(fail_at, 40)))
     assert store._written_to["broker-a"] == MASTER
+
+
+def test_a_topics_first_group_offset_is_answered_before_its_others_are_sent(monkeypatch):
+    """A broker creates a topic@group's offset table unlocked on its first write (4.9 and 5.3
+    ConsumerOffsetManager.commitOffset), so first writes of one topic side by side lose all but
+    one: each topic's first entry is answered before any other entry of the topic is sent; the
+    rest go in a row."""
+    from rmq_source.remote.offset_store import BrokerOffsetStore
+    backend = _backend(_Cluster(True, {}))
+    backend.broker_addr("broker-a")
+    mqs = [MessageQueue(t, "broker-a", q) for t in ("T", "U") for q in range(10)]
+    events = []
+    monkeypatch.setattr(rq, "update_consumer_offset_call",
+                        lambda client, addr, group, topic, q, offset, broker_name=None:
+                        events.append(("send", topic, q)) or _Call((topic, q)))
+    monkeypatch.setattr(rq, "offset_taken",
+                        lambda client, call: events.append(("take", *call.item)) or True)
+    monkeypatch.setattr(rq, "update_consumer_offset", lambda *a, **k: pytest.fail("one by one"))
+    assert BrokerOffsetStore(None, "G", backend)._write_broker(
+        "broker-a", {mq: 7 for mq in mqs}) == set()
+    for topic in ("T", "U"):
+        first_taken = events.index(("take", topic, 0))
+        assert all(events.index(("send", topic, q)) > first_taken for q in range(1, 10))
+    assert sorted(e for e in events if e[0] == "send") == sorted(("send", mq.topic, mq.queue_id) for mq in mqs)
