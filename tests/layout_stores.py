@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import random
+import time
 
 from rocketmq_cluster import free_port, pull_all
 from rmq_source.remote import requests as rq
@@ -55,6 +56,14 @@ def write_plan(client, addr: str, *, seed: int = 11, count: int = 300) -> int:
                                         "properties": {"j": str(j)}} for j in range(10)],
                   queue_id=1)
     return count + 10
+
+
+def wait_served(client, addr: str, total: int) -> None:
+    """Wait (60 s at most) until the broker at ``addr`` dispatched ``total`` messages of ``TOPIC``."""
+    deadline = time.monotonic() + 60
+    while sum(rq.max_offset(client, addr, TOPIC, q) for q in range(QUEUES)) < total:
+        assert time.monotonic() < deadline, "the broker did not dispatch every message sent"
+        time.sleep(0.2)
 
 
 def served(client, addr: str) -> dict[int, list[dict]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from layout_stores import QUEUES, TOPIC, read_store
+from test_cli import run
 from rmq_source.errors import RmqCorruptStoreError, RmqStoreLayoutError
 from rmq_source.store.reader import Store
 from rmq_source.store.writer import StoreWriter
@@ -93,36 +94,31 @@ def test_spark_reads_a_dledger_store_with_a_sql92_selector(layouts, spark):
     assert got == want and len(want) == 40
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rmq_source", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_command_line_on_a_dledger_store(layouts):
     folder = layouts / DLEDGER[2]
     store = folder / "store"
     rows = manifest(folder)
-    out = _cli("topics", store, "--json")
+    out = run("topics", store, "--json")
     assert out.returncode == 0, out.stderr
     got = {(r["queueId"], r["maxOffset"]) for r in map(json.loads, out.stdout.splitlines())
            if r["topic"] == TOPIC}
     assert got == {(q, len(rows[q])) for q in range(QUEUES)}
-    out = _cli("print", store, "--topic", TOPIC, "--queue", 3, "--json")
+    out = run("print", store, "--topic", TOPIC, "--queue", 3, "--json")
     assert out.returncode == 0, out.stderr
     assert [json.loads(x)["msgId"] for x in out.stdout.splitlines()] == [r["msgId"] for r in rows[3]]
-    out = _cli("search", store, "--topic", TOPIC, "--key", "k77", "--json")
+    out = run("search", store, "--topic", TOPIC, "--key", "k77", "--json")
     assert out.returncode == 0, out.stderr
     found = [json.loads(x) for x in out.stdout.splitlines()]
     assert sorted(f["msgId"] for f in found) == sorted(
         r["msgId"] for q in rows.values() for r in q if "k77" in (r["keys"] or []))
-    out = _cli("lag", store, "--group", "nobody", "--topic", TOPIC, "--json")
+    out = run("lag", store, "--group", "nobody", "--topic", TOPIC, "--json")
     assert out.returncode == 0, out.stderr
 
 
 def test_rocksdb_store_on_the_command_line_and_without_rocksdict(layouts):
     store = layouts / ROCKSDB / "store"
     rows = manifest(layouts / ROCKSDB)
-    out = _cli("topics", store, "--json")
+    out = run("topics", store, "--json")
     assert out.returncode == 0, out.stderr
     assert {(r["queueId"], r["maxOffset"]) for r in map(json.loads, out.stdout.splitlines())
             if r["topic"] == TOPIC} == {(q, len(rows[q])) for q in range(QUEUES)}

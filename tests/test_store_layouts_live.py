@@ -23,20 +23,13 @@ import pytest
 import rocketmq_cluster as rc_cluster
 from conftest import running_cluster
 from layout_stores import (QUEUES, SMALL_FILES, TOPIC, dledger_props, layout_props, read_rows,
-                           read_store, served, write_plan)
+                           read_store, served, wait_served, write_plan)
 from test_broker_stores import java_dump
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
 from rmq_source.store.reader import Store
 
 pytestmark = pytest.mark.broker
-
-
-def _wait_served(client, addr: str, total: int) -> None:
-    deadline = time.monotonic() + 60
-    while sum(rq.max_offset(client, addr, TOPIC, q) for q in range(QUEUES)) < total:
-        assert time.monotonic() < deadline, "the broker did not dispatch every message sent"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +49,12 @@ def test_store_reads_what_the_broker_served(rocketmq_jars, tmp_path_factory, jav
         with RemotingClient(timeout=15) as client, Store(broker.store) as running:
             cluster.create_topic(client, TOPIC, QUEUES)
             first = write_plan(client, broker.addr, count=150)
-            _wait_served(client, broker.addr, first)
+            wait_served(client, broker.addr, first)
             early = served(client, broker.addr)
             # a store its broker writes to: a prefix of what it serves, then more of it
             assert all(rows == early[q][:len(rows)] for q, rows in read_rows(running).items())
             total = first + write_plan(client, broker.addr, seed=12, count=150)
-            _wait_served(client, broker.addr, total)
+            wait_served(client, broker.addr, total)
             live = served(client, broker.addr)
             deadline = time.monotonic() + 30
             # (a 5.3 broker writes RocksDB units without a WAL: they reach disk when it flushes)
@@ -135,7 +128,7 @@ def test_killed_leader_store_leaves_out_its_uncommitted_entry(rocketmq_jars, tmp
             new = _leader(client, cluster.namesrv_addr, followers, not_addr=leader.addr)
             rq.send_batch(client, new.addr, TOPIC, [{"body": b"after-%d" % i, "tags": "t1"}
                                                     for i in range(8)], queue_id=2)
-            _wait_served(client, new.addr, total + 8)
+            wait_served(client, new.addr, total + 8)
             live = served(client, new.addr)
         (java_work / version).mkdir(exist_ok=True)
         dumped, _ = java_dump(cluster, java_work / version, TOPIC, "broker-a", QUEUES)
