@@ -133,18 +133,25 @@ def test_rocksdb_store_on_the_command_line_and_without_rocksdict(layouts):
     assert "live mode" in out.stderr
 
 
-def test_a_gap_in_rocksdb_units_is_an_error_naming_it(layouts, tmp_path):
+@pytest.mark.parametrize("damage,match", [
+    ("gap", f"{TOPIC}/3: units are not consecutive: offset 31 follows 29"),
+    ("short value", f"{TOPIC}/3: a key or value of another length than RocketMQ writes"),
+])
+def test_damaged_rocksdb_units_are_an_error_naming_them(layouts, tmp_path, damage, match):
     from rocksdict import Options, Rdict
     store = copy(layouts, ROCKSDB, tmp_path)
     db = Rdict(str(store / "consumequeue"), options=Options(raw_mode=True),
                column_families={"default": Options(raw_mode=True), "offset": Options(raw_mode=True)})
     topic = TOPIC.encode()
-    db.get_column_family("default").delete(
-        len(topic).to_bytes(4, "big") + b"\x01" + topic + b"\x01" + (3).to_bytes(4, "big") + b"\x01"
-        + (30).to_bytes(8, "big"))
+    key = (len(topic).to_bytes(4, "big") + b"\x01" + topic + b"\x01" + (3).to_bytes(4, "big") + b"\x01"
+           + (30).to_bytes(8, "big"))
+    units = db.get_column_family("default")
+    if damage == "gap":
+        units.delete(key)
+    else:
+        units[key] = units[key][:27]
     db.close()
-    with Store(store) as st, pytest.raises(RmqCorruptStoreError,
-                                            match=f"{TOPIC}/3: units are not consecutive: offset 31 follows 29"):
+    with Store(store) as st, pytest.raises(RmqCorruptStoreError, match=match):
         st.max_offset(TOPIC, 3)
 
 
