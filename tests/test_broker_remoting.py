@@ -160,3 +160,52 @@ def test_broker_error_names_request_and_peer(rocketmq, client):
     assert err.value.code != 0 and addr in str(err.value)
     # the connection still works after an error answer
     assert rq.cluster_info(client, rocketmq.namesrv_addr).master_addr("broker-a") == addr
+
+
+def test_consume_stats_answer_every_queue_in_one_request_and_zero_for_none(rocketmq, client, monkeypatch):
+    """GET_CONSUME_STATS gives the group's offset of every queue of a topic in one answer (0 for
+    offset 0 and for none alike), read by the fast path as the full parser reads it; the offset
+    store asks one by one only the queues where 0 and none differ for the caller."""
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.group.offset_store import ReadOffsetType
+    from rmq_source.remote import fastjson
+    from rmq_source.remote.backend import ClusterBackendSpec
+    addr = rocketmq.brokers["broker-a"].addr
+    topic = new_topic(rocketmq, client, queues=12)
+    group = "cg_" + topic
+    for q in range(12):
+        rq.send_message(client, addr, topic, b"m", queue_id=q)
+    rq.heartbeat(client, addr, "127.0.0.1@stats-" + topic, consumer_groups={group: [topic]})
+    committed = {q: 1 for q in range(4)} | {q: 0 for q in range(4, 7)}     # 7-11: none
+    for q, offset in committed.items():
+        rq.update_consumer_offset(client, addr, group, topic, q, offset)
+
+    assert rq.consume_stats(client, addr, group, topic) == {q: committed.get(q, 0) for q in range(12)}
+    body = client.invoke(addr, rq.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic}).body
+    fast = fastjson.keyed_by_objects(body, "offsetTable")
+    assert fast is not None and len(fast) == 12
+    full = fastjson.loads(body)["offsetTable"]
+    assert {dict(k)["queueId"]: v for k, v in full.items()} == {k["queueId"]: v for k, v in fast}
+
+    asked = []
+    real = rq.query_consumer_offset_call
+    monkeypatch.setattr(rq, "query_consumer_offset_call",
+                        lambda *a, **kw: asked.append(a[4]) or real(*a, **kw))
+    backend = ClusterBackendSpec((rocketmq.namesrv_addr,), 10.0).open()
+    try:
+        store = backend.offset_store(group)
+        mqs = backend.queues_for_topics([topic])      # (routed, as a planning has)
+        assert mqs == [MessageQueue(topic, "broker-a", q) for q in range(12)]
+        got = store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE, zero_will_do=lambda mq: mq.queue_id >= 7)
+        assert sorted(asked) == [4, 5, 6]          # the zeros that may not stand for none
+        assert got == {mq: committed.get(mq.queue_id, 0) for mq in mqs}
+        # (a 0 that may be none is not kept in memory)
+        assert store.read_offsets(mqs[7:], ReadOffsetType.READ_FROM_MEMORY) == {mq: -1 for mq in mqs[7:]}
+        asked.clear()
+        exact = store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
+        assert sorted(asked) == list(range(12))
+        # (4.9 answers 0 for no offset on a queue whose first message is in memory)
+        none = 0 if rocketmq.version.startswith("4.") else -1
+        assert exact == {mq: committed.get(mq.queue_id, none) for mq in mqs}
+    finally:
+        backend.client.close()

@@ -130,8 +130,10 @@ class _Keeper:
     def __init__(self, values, lost):
         self.values, self.lost, self.asked = values, lost, []
 
-    def read_offsets(self, mqs, read_type):
-        return {mq: self.values.get(mq, -1) for mq in mqs}
+    def read_offsets(self, mqs, read_type, zero_will_do=None):
+        # (as a broker's one answer for many queues: 0 for no offset where the caller allows it)
+        return {mq: 0 if zero_will_do is not None and zero_will_do(mq) and self.values.get(mq, -1) < 0
+                else self.values.get(mq, -1) for mq in mqs}
 
     def may_have_lost(self, broker, written_ms):
         self.asked.append((broker, written_ms))
@@ -152,6 +154,17 @@ def test_a_changed_progress_is_a_reset_unless_the_broker_lost_it(now, restarted,
     assert got == ({} if found is None else {Q0: (found, got[Q0][1])})
     assert rewrite == ({} if lost is None else {Q0: lost})
     assert keeper.asked == ([("broker-a", 1000)] if 0 <= now < 10 else [])
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_commit_of_0_is_asked_for_exactly_only_after_a_restart(restarted):
+    """A broker answers many queues' offsets with 0 for none too: a commit of 0 it may have lost
+    (restarted since) is asked for exactly and written again; otherwise its 0 is the commit."""
+    keeper = _Keeper({Q1: 7}, restarted)
+    taken = {Q0: (0, 1000), Q1: (7, 2000)}
+    got, rewrite = resets.since_last_commit(keeper, taken, {Q0, Q1}, unsaved={})
+    assert got == {} and rewrite == ({Q0: 0} if restarted else {})
+    assert keeper.asked[0] == ("broker-a", 1000)
 
 
 def test_a_commit_declined_for_a_pending_reset_is_followed(store, monkeypatch):

@@ -1,6 +1,7 @@
 """The remoting frame codec and connection against a small local peer that misbehaves."""
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from rmq_source.errors import (RmqBrokerError, RmqRemotingConnectionError, RmqRemotingError,
                                RmqRemotingProtocolError, RmqRemotingTimeoutError, RmqSourceError)
 from rmq_source.remote import Connection, RemotingClient, fastjson, frames
+from rmq_source.remote import requests as rq
 from rmq_source.remote.frames import RemotingCommand
 
 
@@ -278,6 +280,38 @@ def test_fastjson_object_keys():
     assert v0 == {"maxOffset": 5, "minOffset": 0}
     assert dict(k1)["queueId"] == 1 and v1 == {"maxOffset": -1500.0, "minOffset": None}
     assert data["ok"] is True
+
+
+def _fastjson_table(entries, *, space="", tail="") -> bytes:
+    """A statistics answer as fastjson writes it: ``offsetTable`` keyed by MessageQueue objects."""
+    parts = [json.dumps(k, separators=(",", ":")) + space + ":" + space + json.dumps(v, separators=(",", ":"))
+             for k, v in entries]
+    return ('{"consumeTps":0.0,"offsetTable":{' + ",".join(parts) + "}" + tail + "}").encode()
+
+
+_NAMES = st.text(alphabet='ab}:{"\\,', min_size=1, max_size=6)
+_VALUES = st.dictionaries(st.sampled_from(["maxOffset", "minOffset", "consumerOffset", "x"]),
+                          st.one_of(st.integers(-5, 2**62), st.text(alphabet="}:{,", max_size=4),
+                                    st.lists(st.integers(0, 3), max_size=2)), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=_NAMES, other=_NAMES, values=st.lists(_VALUES, max_size=6), space=st.sampled_from(["", " "]),
+       tail=st.sampled_from(["", ',"z":1']), foreign=st.booleans())
+def test_statistics_tables_read_fast_as_the_full_parser_reads_them(topic, other, values, space, tail, foreign):
+    """The fast path of large statistics answers (fastjson.keyed_by_objects) gives what the full
+    parser gives, or steps aside: names holding ``}:{``, spaces, a member after the table; an
+    entry of another topic is refused either way."""
+    entries = [({"brokerName": "b", "queueId": i, "topic": other if foreign and i == len(values) - 1 else topic}, v)
+               for i, v in enumerate(values)]
+    body = _fastjson_table(entries, space=space, tail=tail)
+    if foreign and values and other != topic:
+        with pytest.raises(RmqRemotingProtocolError, match="unexpected statistics entry"):
+            rq._queue_table(body, "Q", "peer", topic)
+        return
+    assert rq._queue_table(body, "Q", "peer", topic) == {i: v for i, v in enumerate(values)}
+    full = {dict(k)["queueId"]: v for k, v in fastjson.loads(body)["offsetTable"].items()}
+    assert full == {i: v for i, v in enumerate(values)}
 
 
 @pytest.mark.parametrize("text, where", [

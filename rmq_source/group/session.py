@@ -86,7 +86,12 @@ def _offset_of(offsets: dict, mq: MessageQueue) -> int | None:
 
 def _plans_to_keep(lines: list[str]) -> set[int]:
     """Indexes of the plan lines :meth:`GroupSession._compact` keeps (see there)."""
-    keep = set(range(max(0, len(lines) - _PLANS_KEEP), len(lines)))
+    keep, size = set(), 0
+    for i in range(len(lines) - 1, max(-1, len(lines) - 1 - _PLANS_KEEP), -1):
+        size += len(lines[i])
+        if keep and size > _PLANS_COMPACT_BYTES // 2:
+            break     # (plans of thousands of queues: the newest half of the size limit)
+        keep.add(i)
     last_two: dict[str, list[int]] = {}
     first: dict[str, int] = {}
     for i, line in enumerate(lines):
@@ -293,7 +298,9 @@ class GroupSession:
         asked_at = self.locks.now_ms()
         granted = set(self.view.lock_all(sorted(mine))) if self.orderly else mine
         granted = {MessageQueue(*parse_queue_key(queue_key(mq))) for mq in granted}
-        committed = self.group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
+        # (a queue at offset 0 is planned alike whether the group has offset 0 or none there)
+        committed = self.group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE,
+                                                  zero_will_do=lambda mq: starts[mq] == 0)
         read: set[MessageQueue] = set()
         moved: dict[MessageQueue, int] = {}
         for mq in mqs:
@@ -450,7 +457,8 @@ class GroupSession:
                 self._compact()
 
     def _compact(self) -> None:
-        """Keep the last ``_PLANS_KEEP`` plans, and whatever a client that is down may still need
+        """Keep the last ``_PLANS_KEEP`` plans (fewer when they take more than half of
+        ``_PLANS_COMPACT_BYTES``: a plan of ten thousand queues takes hundreds of KiB), and whatever a client that is down may still need
         however long ago it planned: its last two plans (the batch it may re-run and the
         committed one before it) and its last first-batch plan. Rewritten atomically through an
         unpredictably named temporary file, never through a symlink (:mod:`rmq_source.nofollow`)."""

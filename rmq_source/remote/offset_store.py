@@ -6,15 +6,20 @@ progress", -1, not offset 0) and :meth:`persist` writes each entry to its broker
 (UPDATE_CONSUMER_OFFSET). The broker keeps them in its ``config/consumerOffset.json``, where
 ``mqadmin consumerProgress`` and every other client of the group see them.
 
-RocketMQ has no request for many queues' group offsets (GET_CONSUME_STATS, the admin tools', reads
-a message of every queue and answers 0 for "no progress"), so the questions and writes of a
-broker's queues go to its master one after another without waiting for each answer
-(``WINDOW`` in flight): a query of a thousand queues pays about one round trip, not a thousand.
-Whatever goes wrong there (no master listed, a broker away, an error answer) sends the queues not
-yet answered the one-at-a-time way, with its retries, its slave fallback and its errors.
+Questions about many queues of a topic (a group query's planning asks about every queue each
+micro-batch) are asked with GET_CONSUME_STATS, what ``mqadmin consumerProgress`` asks: one request
+answers every queue of the topic on a broker. It answers 0 both for offset 0 and for no offset, so
+a caller says which queues that difference does not matter for (``zero_will_do``); the others, and
+every queue where it cannot be asked (a Proxy, an account without the Get right on 5.x), are asked
+one by one, those of a broker going to its master one after another without waiting for each
+answer (``WINDOW`` in flight): a thousand queues cost about one round trip, not a thousand. Writes
+go the same way. Whatever goes wrong there (no master listed, a broker away, an error answer) sends
+the queues not yet answered the one-at-a-time way, with its retries, its slave fallback and its
+errors.
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Callable, Iterable, Mapping
 
@@ -27,10 +32,14 @@ from rmq_source.remote import requests as rq
 from rmq_source.remote.client import RemotingClient
 
 
+log = logging.getLogger(__name__)
+
 #: what a master answers a group commit for a group or topic it has not heard of
 _NOT_KNOWN_YET = (rq.SUBSCRIPTION_GROUP_NOT_EXIST, rq.TOPIC_NOT_EXIST)
 #: questions or writes of one broker's queues in flight at once (module doc)
 WINDOW = 32
+#: queues of one topic on one broker whose offsets are asked with one GET_CONSUME_STATS
+BULK_MIN = 2
 
 
 class BrokerOffsetStore(OffsetTable):
@@ -46,6 +55,7 @@ class BrokerOffsetStore(OffsetTable):
         self.client = client
         self.backend = backend
         self._written_to: dict[str, str] = {}   # broker name -> the master that took the last write
+        self._no_bulk: set[str] = set()          # addresses that refused GET_CONSUME_STATS
 
     def __getstate__(self) -> dict:
         raise TypeError("a BrokerOffsetStore holds connections; tasks receive a BackendSpec instead")
@@ -77,15 +87,27 @@ class BrokerOffsetStore(OffsetTable):
                 call.cancel()
         return done
 
-    def _fetch(self, mqs: list[MessageQueue]) -> dict[MessageQueue, int]:
+    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None) -> dict[MessageQueue, int]:
         found = {}
         for broker, queues in _by_broker(mqs).items():
+            master = self.backend.master_addr(broker)
+            exact = []
+            if zero_will_do is not None:
+                bulk = self._bulk(broker, master, queues)
+                for mq in queues:
+                    value = bulk.get(mq)
+                    if value is not None and (value > 0 or zero_will_do(mq)):
+                        found[mq] = value
+                    else:
+                        exact.append(mq)
+            else:
+                exact = queues
             answered = self._in_a_row(
-                broker, self.backend.master_addr(broker), queues,
+                broker, master, exact,
                 lambda addr, mq: rq.query_consumer_offset_call(
                     self.client, addr, self.group, mq.topic, mq.queue_id, broker_name=broker),
                 lambda call: rq.consumer_offset_of(self.client, call))
-            for mq in queues:
+            for mq in exact:
                 if mq in answered:
                     value = answered[mq]
                 else:
@@ -95,6 +117,32 @@ class BrokerOffsetStore(OffsetTable):
                 if value is not None and value >= 0:
                     found[mq] = value
         return found
+
+    def _bulk(self, broker: str, addr: str | None, queues: list[MessageQueue]) -> dict[MessageQueue, int]:
+        """The offsets GET_CONSUME_STATS answers for ``queues`` of ``broker`` at its master
+        ``addr``, per topic with at least :data:`BULK_MIN` of them (0 also for "no offset"); {}
+        where the master cannot be asked now (none listed, away, refusing or not serving the
+        request: a Proxy, an account without the Get right on 5.x): those are asked one by one."""
+        out: dict[MessageQueue, int] = {}
+        if addr is None or self.backend.away_for(broker) is not None or addr in self._no_bulk:
+            return out
+        by_topic: dict[str, list[MessageQueue]] = {}
+        for mq in queues:
+            by_topic.setdefault(mq.topic, []).append(mq)
+        for topic, mqs in by_topic.items():
+            if len(mqs) < BULK_MIN or not self.client.serves(addr, rq.GET_CONSUME_STATS):
+                continue
+            try:
+                table = rq.consume_stats(self.client, addr, self.group, topic)
+            except RmqAuthError as exc:
+                log.info("consumer group %r: %s refuses GET_CONSUME_STATS (%s): its queues' offsets "
+                         "are asked one by one", self.group, addr, exc)
+                self._no_bulk.add(addr)
+                return out
+            except RmqRemotingError:
+                return out      # (the one-by-one questions retry, fall back and name errors)
+            out.update((mq, table[mq.queue_id]) for mq in mqs if mq.queue_id in table)
+        return out
 
     def may_have_lost(self, broker: str, written_ms: int) -> bool:
         """True when the master of ``broker`` is not the one that took the write, or started less

@@ -24,6 +24,7 @@ from typing import Iterable, Mapping
 from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqRemotingProtocolError
 from rmq_source.remote.client import Call, RemotingClient, check
+from rmq_source.remote.fastjson import keyed_by_objects
 from rmq_source.remote.frames import SERIALIZE_ROCKETMQ, RemotingCommand, loads_fastjson
 
 # request codes
@@ -44,6 +45,7 @@ UNLOCK_BATCH_MQ = 42
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
 GET_TOPIC_STATS_INFO = 202
+GET_CONSUME_STATS = 208
 GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
 SEND_BATCH_MESSAGE = 320
 
@@ -168,22 +170,50 @@ class QueueStats:
     last_update_ms: int
 
 
+def _queue_table(body: bytes, what: str, peer: str, topic: str) -> dict[int, dict]:
+    """{queue id: its entry} of the ``offsetTable`` (a map keyed by MessageQueue) of a statistics
+    answer about ``topic``: read by :func:`fastjson.keyed_by_objects` when it can (thousands of
+    queues in milliseconds), else by the full parser; an entry of another topic is an error."""
+    pairs = keyed_by_objects(body, "offsetTable") if body else []
+    if pairs is None or any(k.get("topic") != topic for k, _ in pairs):
+        table = _json(body, what, peer).get("offsetTable") or {}
+        # fastjson writes the MessageQueue key as an object; a writer that quotes keys, as a string
+        pairs = [(dict(k) if isinstance(k, tuple) else _json(str(k).encode(), what, peer), v)
+                 for k, v in table.items()]
+    out = {}
+    for mq, value in pairs:
+        if (not isinstance(mq, dict) or not isinstance(value, dict) or not isinstance(mq.get("queueId"), int)
+                or mq.get("topic") != topic):
+            raise RmqRemotingProtocolError(f"unexpected statistics entry {mq!r}: {value!r}",
+                                           peer=peer, request=what)
+        out[mq["queueId"]] = value
+    return out
+
+
 def topic_stats(client: RemotingClient, broker: str, topic: str, *, timeout: float | None = None
                 ) -> dict[int, QueueStats]:
     """GET_TOPIC_STATS_INFO: every queue of ``topic`` on ``broker`` in one round trip, by queue id."""
     what = f"GET_TOPIC_STATS_INFO(topic={topic})"
     resp = client.invoke(broker, GET_TOPIC_STATS_INFO, {"topic": topic}, timeout=timeout)
-    table = _json(resp.body, what, broker).get("offsetTable") or {}
-    out = {}
-    for key, value in table.items():
-        # fastjson writes the MessageQueue key as an object; a writer that quotes keys, as a string
-        mq = dict(key) if isinstance(key, tuple) else _json(str(key).encode(), what, broker)
-        if not isinstance(mq, dict) or not isinstance(value, dict) or "queueId" not in mq:
-            raise RmqRemotingProtocolError(f"unexpected topic statistics entry {key!r}: {value!r}",
-                                           peer=broker, request=what)
-        out[int(mq["queueId"])] = QueueStats(int(value.get("minOffset", 0)), int(value.get("maxOffset", 0)),
-                                             int(value.get("lastUpdateTimestamp", 0)))
-    return out
+    return {qid: QueueStats(int(v.get("minOffset", 0)), int(v.get("maxOffset", 0)),
+                            int(v.get("lastUpdateTimestamp", 0)))
+            for qid, v in _queue_table(resp.body, what, broker, topic).items()}
+
+
+def consume_stats(client: RemotingClient, broker: str, group: str, topic: str, *,
+                  timeout: float | None = None) -> dict[int, int]:
+    """GET_CONSUME_STATS (what ``mqadmin consumerProgress`` asks): the group's committed offset of
+    every queue of ``topic`` on ``broker`` in one round trip, by queue id. The broker answers 0
+    both for offset 0 and for no offset (AdminBrokerProcessor.getConsumeStats, 4.9.7 and 5.3.3):
+    only :func:`query_consumer_offset` tells them apart. A topic the broker has no config of, or
+    that the group's online members do not subscribe, has no entries (a queue left out is
+    unknown here, not "no offset"). An operator's reset pending on a 5.x broker is answered as
+    the group's offset, as QUERY_CONSUMER_OFFSET answers it."""
+    what = f"GET_CONSUME_STATS(group={group}, topic={topic})"
+    resp = client.invoke(broker, GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic},
+                         timeout=timeout)
+    return {qid: int(v.get("consumerOffset", 0))
+            for qid, v in _queue_table(resp.body, what, broker, topic).items()}
 
 
 #: queues whose GET_MIN_OFFSET + GET_MAX_OFFSET are in flight at once in :func:`queue_offsets`:

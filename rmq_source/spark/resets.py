@@ -45,7 +45,11 @@ def since_last_commit(store, taken: dict[MessageQueue, tuple[int, int]], held,
     for broker in sorted({mq.broker_name for mq in known}):
         queues = [mq for mq in known if mq.broker_name == broker]
         try:
-            now.update(store.read_offsets(queues, ReadOffsetType.READ_FROM_STORE))
+            # a commit of 0 is still there (0, not none) unless the keeper may have lost it
+            at_zero = [taken[mq][1] for mq in queues if taken[mq][0] == 0]
+            sure = bool(at_zero) and not store.may_have_lost(broker, min(at_zero))
+            now.update(store.read_offsets(queues, ReadOffsetType.READ_FROM_STORE,
+                                          zero_will_do=lambda mq: sure and taken[mq][0] == 0))
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
             # a broker away: compared once it answers (the planning decides what its absence means)
             known = [mq for mq in known if mq.broker_name != broker]

@@ -291,7 +291,10 @@ class RmqStreamReader(StreamReaderBase):
     def _commit_previous(self, start_map: dict[MessageQueue, int]) -> None:
         """The batch ending at ``start`` is committed: record the group's progress for its queues,
         except those an operator reset meanwhile (:mod:`rmq_source.spark.resets`): they move to
-        the reset offset in this batch, without being read."""
+        the reset offset in this batch, without being read. Written are the queues whose offset
+        differs from what their keeper took last (moved, or not taken yet); the others' offsets
+        were just compared with the keeper's (which rewrites any it lost), so a thousand idle
+        queues cost no writes."""
         if self.session is None:
             return
         held = self.session.held()
@@ -308,8 +311,10 @@ class RmqStreamReader(StreamReaderBase):
             found, lost = resets.since_last_commit(self.group_store, self._taken, held, self._unsaved)
             self._unsaved.update(lost)
             pushed = {mq: value for mq, value in self.session.take_resets().items() if mq in held}
+            # only queues that moved: the keeper still has the others' offsets (just compared)
             self._commit_group({mq: o for mq, o in start_map.items()
-                                if mq in held and mq not in found and mq not in pushed})
+                                if mq in held and mq not in found and mq not in pushed
+                                and self._taken.get(mq, (None,))[0] != o})
             if pushed:   # (the brokers keep the group's progress: written as a Java client would)
                 self._commit_group({mq: offset for mq, (offset, _) in pushed.items()})
                 found.update(pushed)
