@@ -131,8 +131,8 @@ def loads(text: str | bytes):
 def keyed_by_objects(text: str | bytes, member: str) -> list[tuple[dict, dict]] | None:
     """The entries of the top-level object's ``member``, a map whose keys and values are flat
     objects, as (key, value) pairs, read at the json module's C speed; None when the text is not
-    in the compact form fastjson writes (``{..."member":{{k}:{v},{k}:{v}}}``, the member last),
-    or any key or value is not an object: then :func:`loads` must read it.
+    in the compact form fastjson writes (``{..."member":{{k}:{v},{k}:{v}}...}``, no braces in the
+    members after it), or any key or value is not an object: then :func:`loads` must read it.
 
     fastjson writes a map keyed by MessageQueue this way (topic statistics, consume statistics:
     thousands of entries), which :func:`loads` would walk entry by entry in Python. Here every
@@ -142,11 +142,13 @@ def keyed_by_objects(text: str | bytes, member: str) -> list[tuple[dict, dict]] 
         text = bytes(text).decode("utf-8")
     head = f'"{member}":{{'
     at = text.find(head)
-    if at < 0 or not text.endswith("}}") or text.count(head) != 1:
+    # the member's closing brace: the last but the top-level object's (members after it hold none)
+    close = text.rfind("}", 0, len(text) - 1)
+    if at < 0 or not text.endswith("}") or text.count(head) != 1 or close < at + len(head):
         return None
-    inner = text[at + len(head):-2]
+    inner = text[at + len(head):close]
     try:
-        parsed = json.loads(f'{text[:at]}"{member}":[{inner.replace("}:{", "},{")}]}}')
+        parsed = json.loads(f'{text[:at]}"{member}":[{inner.replace("}:{", "},{")}]{text[close + 1:]}')
     except ValueError:
         return None
     items = parsed.get(member) if isinstance(parsed, dict) else None
