@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from rmq_source.errors import RmqLockError, RmqOptionError
+from rmq_source.group.allocation import MessageQueue
 from rmq_source import nofollow
 from rmq_source.group.statefile import (JsonStateFile, append_jsonl, check_group, group_state_path,
                                         group_table_validator, timestamp_problem)
@@ -94,14 +95,38 @@ def _escape(part: str) -> str:
     return part.replace("\\", "\\\\").replace("|", "\\|")
 
 
+#: keys of queues and queues of keys made lately (a group planning makes the same thousands each
+#: batch); cleared when full
+_KEYS: dict = {}
+_PARSED: dict[str, tuple[str, str, int]] = {}
+_CACHE_MAX = 1 << 16
+
+
 def queue_key(mq: Any) -> str:
     """The lock-file key of a queue: ``"<topic>|<broker>|<queueId>"`` (``\\`` and ``|`` escaped)."""
-    topic, broker, qid = _queue_fields(mq)
-    return f"{_escape(topic)}|{_escape(broker)}|{qid}"
+    key = _KEYS.get(mq) if type(mq) is MessageQueue else None
+    if key is None:
+        topic, broker, qid = _queue_fields(mq)
+        key = f"{_escape(topic)}|{_escape(broker)}|{qid}"
+        if type(mq) is MessageQueue:
+            if len(_KEYS) >= _CACHE_MAX:
+                _KEYS.clear()
+            _KEYS[mq] = key
+    return key
 
 
 def parse_queue_key(key: str) -> tuple[str, str, int]:
     """Inverse of :func:`queue_key`: ``(topic, broker_name, queue_id)``."""
+    found = _PARSED.get(key)
+    if found is None:
+        found = _parse_queue_key(key)
+        if len(_PARSED) >= _CACHE_MAX:
+            _PARSED.clear()
+        _PARSED[key] = found
+    return found
+
+
+def _parse_queue_key(key: str) -> tuple[str, str, int]:
     parts, cur, i = [], [], 0
     while i < len(key):
         ch = key[i]

@@ -297,7 +297,8 @@ class GroupSession:
             self.view.unlock(sorted(released))
         asked_at = self.locks.now_ms()
         granted = set(self.view.lock_all(sorted(mine))) if self.orderly else mine
-        granted = {MessageQueue(*parse_queue_key(queue_key(mq))) for mq in granted}
+        granted = {mq if type(mq) is MessageQueue else MessageQueue(*parse_queue_key(queue_key(mq)))
+                   for mq in granted}
         # (a queue at offset 0 is planned alike whether the group has offset 0 or none there)
         committed = self.group_store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE,
                                                   zero_will_do=lambda mq: starts[mq] == 0)
@@ -484,7 +485,7 @@ class GroupSession:
 
     @staticmethod
     def _queues_of(rec: dict) -> set[MessageQueue]:
-        return {MessageQueue(*parse_queue_key(k)) for k in rec["read"]}
+        return {MessageQueue.of(*parse_queue_key(k)) for k in rec["read"]}
 
     def find_plan(self, start: dict, end: dict) -> tuple[dict, set[MessageQueue], bool] | None:
         """The plan of batch (start, end): (the start it was planned from, the queues it reads,
