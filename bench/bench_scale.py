@@ -66,7 +66,10 @@ anything that grows between them is a per-queue cost. The stores are written onc
 
 No assertions: measurements only; ratios are computed within the run.
 
-    python bench/bench_scale.py [--quick] [--workdir /tmp/rmq_bench] [--repeat 3]
+``--live``: a live cluster's micro-batches over 8, 1,024 and 10,000 queues instead (issue 44,
+``bench/scale_live.py``).
+
+    python bench/bench_scale.py [--quick] [--workdir /tmp/rmq_bench] [--repeat 3] [--live]
 """
 from __future__ import annotations
 
@@ -350,8 +353,14 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--quick", action="store_true", help="skip the 10,000-queue store")
     parser.add_argument("--skip-spark", action="store_true", help="planning and group only")
+    parser.add_argument("--live", action="store_true",
+                        help="a live cluster's micro-batches instead (bench/scale_live.py)")
     args = parser.parse_args()
     print_machine()
+    if args.live:
+        import scale_live
+        scale_live.main(args)
+        return
 
     queue_counts = [8, 100, 1000] if args.quick else [8, 100, 1000, TARGET_QUEUES]
     written = [q for q in queue_counts   # (ensure_store also rewrites a store of another shape)

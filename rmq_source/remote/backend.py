@@ -44,14 +44,14 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
+from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock, coalesce
 from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailableError,
                                RmqMasterAwayError, RmqOptionError,
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError, RmqUnknownTopicError)
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.retry import is_retry_topic, retry_topic
-from rmq_source.remote import native_pull
+from rmq_source.remote import native_pull, read_ahead
 from rmq_source.remote import requests as rq
 from rmq_source.remote.acl import Credentials
 from rmq_source.remote.proxy import is_proxy_addr
@@ -162,6 +162,7 @@ class ClusterBackend(Backend):
         self._no_master_at: dict[str, float] = {}      # when the NameServers last listed no master
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
+        self._read_ahead = None                        # threads reading small ranges ahead
         self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
         # brokerName -> the topics asked about there (broker lookups through a Proxy)
         self._topics_of: dict[str, dict[str, None]] = {}
@@ -958,6 +959,21 @@ class ClusterBackend(Backend):
                     next_ask = offset
         finally:
             _cancel(ahead)
+
+    def read_many(self, ranges, *, subscription, batch_rows: int, batch_bytes: int, verify_crc: bool,
+                  columns=None) -> Iterator:
+        """:meth:`Backend.read_many`, the small ranges read ahead several at once
+        (:mod:`rmq_source.remote.read_ahead`)."""
+        with self._mutex:
+            if self._read_ahead is None:
+                self._read_ahead = read_ahead.pool()
+
+        def one(r):
+            return self.read(r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
+                             batch_bytes=batch_bytes, verify_crc=verify_crc, on_data_loss=r.on_data_loss,
+                             on_short_read=r.on_short_read, columns=columns)
+        return coalesce(read_ahead.in_range_order(list(ranges), one, self._read_ahead),
+                        batch_rows, batch_bytes)
 
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
              on_data_loss, on_short_read, columns=None) -> Iterator:
