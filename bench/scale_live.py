@@ -130,12 +130,12 @@ def start_cluster(workdir: Path, sizes: list[int]):
     return cluster
 
 
-def _options(namesrv: str, queues: int, mode: str) -> dict[str, str]:
+def _options(namesrv: str, queues: int, mode: str, state: Path) -> dict[str, str]:
     out = {"namesrvAddr": namesrv, "topic": topic_of(queues), "maxMessagesPerTrigger": str(PER_TRIGGER),
            "startingOffsets": "earliest"}
     if mode != "no group":
         out.update({"consumerGroup": f"scale_{mode.replace(' ', '')}_{uuid.uuid4().hex[:8]}",
-                    "orderly": str(mode == "ordered").lower()})
+                    "orderly": str(mode == "ordered").lower(), "groupStatePath": str(state)})
     return out
 
 
@@ -144,7 +144,7 @@ def driver_profile(namesrv: str, queues: int, mode: str, state: Path) -> dict:
     from rmq_source.spark.compat import ReadMaxRows
     from rmq_source.spark.options import parse_options
     from rmq_source.spark.stream_reader import RmqStreamReader
-    opts = parse_options({**_options(namesrv, queues, mode), "groupStatePath": str(state)}, streaming=True)
+    opts = parse_options(_options(namesrv, queues, mode, state), streaming=True)
     reader = RmqStreamReader(opts)
     start = reader.initialOffset()
     reader.prepareForTriggerAvailableNow()
@@ -183,7 +183,7 @@ def driver_profile(namesrv: str, queues: int, mode: str, state: Path) -> dict:
 
 def spark_run(spark, namesrv: str, queues: int, mode: str, tmp: Path) -> dict:
     reader = spark.readStream.format("rmq")
-    for k, v in {**_options(namesrv, queues, mode), "groupStatePath": str(tmp / "state")}.items():
+    for k, v in _options(namesrv, queues, mode, tmp / "state").items():
         reader = reader.option(k, v)
     t0 = time.perf_counter()
     q = (reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp / f"chk-{uuid.uuid4().hex}"))

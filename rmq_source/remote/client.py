@@ -13,6 +13,7 @@ import itertools
 import re
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -30,6 +31,8 @@ CONNECT_TIMEOUT = 5.0
 REQUEST_CODE_NOT_SUPPORTED = 3
 SYSTEM_ERROR = 1
 NO_PERMISSION = 16
+#: how long a send the TLS session refused waits for the reader to read why the server ended it
+TLS_VERDICT_S = 5.0
 
 #: Names of the request codes this package sends, for messages.
 REQUEST_NAMES = {
@@ -144,6 +147,7 @@ class Connection:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed = False
+        self._failed = threading.Event()   # set with _closed (the reader's verdict, for senders)
         self.close_reason: RmqRemotingError | None = None
         self._rbuf = bytearray()          # bytes received, not yet a whole frame
         self._read_lock = threading.Lock()
@@ -224,8 +228,22 @@ class Connection:
             raise type(exc)(str(exc), peer=self.addr, request=describe(cmd)) from None
         with self._send_lock:
             if self._tls is not None:
-                data = memoryview(self._tls.encrypt(data))
+                try:
+                    data = memoryview(self._tls.encrypt(data))
+                except (ssl.SSLError, OSError) as exc:
+                    raise self._session_ended(cmd, exc) from None
             self._write_all(data, deadline, cmd)
+
+    def _session_ended(self, cmd: RemotingCommand, exc: BaseException) -> RmqRemotingConnectionError:
+        """The error of a send the TLS session refused because the server ended it (an alert,
+        e.g. for a missing client certificate, read by the reader meanwhile). The reader thread
+        fails the connection with the server's reason as it reads it: that reason is given."""
+        if self._reader is not None:
+            self._failed.wait(TLS_VERDICT_S)
+        self._fail(RmqRemotingConnectionError(f"the TLS session ended: {exc}", peer=self.addr))
+        why = str(self.close_reason).split("; peer:")[0]
+        return RmqRemotingConnectionError(f"connection is closed ({why})", peer=self.addr,
+                                          request=describe(cmd))
 
     def _write_all(self, data: memoryview, deadline: float, cmd: RemotingCommand | None) -> None:
         """Send ``data`` on the socket (the send lock held); a failure fails the connection."""
@@ -402,6 +420,7 @@ class Connection:
             self.close_reason = err
             pending = list(self._pending.values())
             self._pending.clear()
+        self._failed.set()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
