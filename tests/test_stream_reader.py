@@ -3,11 +3,13 @@ Trigger.AvailableNow targets, reported lag, planning of partitions."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import pytest
 from rmq_source.spark.compat import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
+from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError, RmqOptionError, RmqUnknownTopicError
 from rmq_source.spark.offsets import from_json_dict
 from rmq_source.spark.options import parse_options
@@ -163,6 +165,31 @@ def test_compacting_the_plans_keeps_what_a_stopped_query_needs(store, monkeypatc
         assert down.session.find_plan(offsets[2], offsets[3]) == (offsets[2], {mq}, False)
         assert busy.session.find_plan(offsets[10], offsets[11]) is None  # dropped
         assert busy.session.find_plan(offsets[58], offsets[59]) == (offsets[58], set(), False)
+    finally:
+        down.stop()
+        busy.stop()
+
+
+def test_plans_of_thousands_of_queues_are_kept_within_half_the_compaction_size(store, monkeypatch):
+    """Plans of many queues are large: compacting keeps the newest within half the size limit and
+    what a stopped client needs, and the next compaction waits until the file doubled (not one
+    at every plan when what must be kept is large)."""
+    import rmq_source.group.session as gs
+    monkeypatch.setattr(gs, "_PLANS_COMPACT_BYTES", 40_000)
+    group = dict(consumerGroup="GB", startingOffsets="group", consumeFromWhere="CONSUME_FROM_FIRST_OFFSET")
+    down, busy = _reader(store, clientId="down", **group), _reader(store, clientId="busy", **group)
+    try:
+        many = {MessageQueue("T", "broker-a", q) for q in range(1000)}     # ~10 KB a plan line
+        offsets = [{"T": {"broker-a": {"0": n}}} for n in range(30)]
+        down.session.record_plan(offsets[0], offsets[1], many, first=True)
+        sizes = []
+        for n in range(1, 29):
+            busy.session.record_plan(offsets[n], offsets[n + 1], many)
+            sizes.append(os.path.getsize(busy.session.plans_path))
+        compactions = sum(1 for a, b in zip(sizes, sizes[1:]) if b < a)
+        assert 1 <= compactions <= 8 and max(sizes) <= 5 * 40_000   # compacted, not at every plan
+        assert down.session.first_batch_plan(offsets[1]) == (offsets[0], many)
+        assert busy.session.find_plan(offsets[28], offsets[29]) == (offsets[28], many, False)
     finally:
         down.stop()
         busy.stop()

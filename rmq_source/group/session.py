@@ -174,6 +174,7 @@ class GroupSession:
         self._held: set[MessageQueue] = set()   # queues read in the last planned batch
         self._fresh_process = True              # nothing planned yet by this process
         self._batch_key: str | None = None      # plan_key of the batch this process planned last
+        self._compact_at = 0                    # plans file size of the next compaction (_compact)
         self.allocated: set[MessageQueue] = set()  # queues the strategy gave this query last time
         #: the group progress this process committed last, per queue (see keep_own_progress)
         self.own_progress: dict[MessageQueue, int] = {}
@@ -454,18 +455,21 @@ class GroupSession:
         with file_lock(self.plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
             append_jsonl(self.plans_path, [rec], error_cls=RmqLockError)
             size = nofollow.file_size(self.plans_path, error_cls=RmqLockError)
-            if size is not None and size > _PLANS_COMPACT_BYTES:
+            if size is not None and size > max(_PLANS_COMPACT_BYTES, self._compact_at):
                 self._compact()
 
     def _compact(self) -> None:
         """Keep the last ``_PLANS_KEEP`` plans (fewer when they take more than half of
-        ``_PLANS_COMPACT_BYTES``: a plan of ten thousand queues takes hundreds of KiB), and whatever a client that is down may still need
-        however long ago it planned: its last two plans (the batch it may re-run and the
-        committed one before it) and its last first-batch plan. Rewritten atomically through an
-        unpredictably named temporary file, never through a symlink (:mod:`rmq_source.nofollow`)."""
+        ``_PLANS_COMPACT_BYTES``: a plan of ten thousand queues takes hundreds of KiB), and
+        whatever a client that is down may still need however long ago it planned: its last two
+        plans (the batch it may re-run and the committed one before it) and its last first-batch
+        plan. Rewritten atomically through an unpredictably named temporary file, never through
+        a symlink (:mod:`rmq_source.nofollow`). The next compaction comes once the file has
+        doubled (or passed the limit), not at every plan when what must be kept is large."""
         lines = self._plan_lines()
-        kept = "".join(lines[i] for i in sorted(_plans_to_keep(lines)))
-        nofollow.write_file_atomic(self.plans_path, kept.encode("utf-8"), error_cls=RmqLockError)
+        kept = "".join(lines[i] for i in sorted(_plans_to_keep(lines))).encode("utf-8")
+        nofollow.write_file_atomic(self.plans_path, kept, error_cls=RmqLockError)
+        self._compact_at = max(_PLANS_COMPACT_BYTES, 2 * len(kept))
 
     def _plan_lines(self) -> list[str]:
         """Lines of the plans file (each with its newline, but a torn last one), [] when absent."""
