@@ -203,6 +203,20 @@ def test_consume_stats_answer_every_queue_in_one_request_and_zero_for_none(rocke
         assert got == {mq: committed.get(mq.queue_id, 0) for mq in mqs}
         # (a 0 that may be none is not kept in memory)
         assert store.read_offsets(mqs[7:], ReadOffsetType.READ_FROM_MEMORY) == {mq: -1 for mq in mqs[7:]}
+        # one look per planning: one GET_CONSUME_STATS, the store's own commits laid over it
+        looks = []
+        stats = rq.consume_stats
+        monkeypatch.setattr(rq, "consume_stats", lambda *a, **kw: looks.append(a[3]) or stats(*a, **kw))
+        every = lambda mq: True     # noqa: E731
+        with store.one_look():
+            assert store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE, every)[mqs[0]] == 1
+            store.update_offset(mqs[0], 5)
+            assert store.persist([mqs[0]]) == set()
+            assert store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE, every)[mqs[0]] == 5
+        assert looks == [topic]
+        assert store.read_offsets(mqs[:2], ReadOffsetType.READ_FROM_STORE, every) == {mqs[0]: 5, mqs[1]: 1}
+        assert looks == [topic, topic]             # (outside it, each question asks)
+        committed[0] = 5
         asked.clear()
         exact = store.read_offsets(mqs, ReadOffsetType.READ_FROM_STORE)
         assert sorted(asked) == list(range(12))

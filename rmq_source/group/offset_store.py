@@ -40,6 +40,7 @@ take over a group that Java consumers ran. The broker's file is only ever read, 
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import os
 import re
@@ -163,6 +164,13 @@ class OffsetTable(abc.ABC):
         """Persist ``entries`` (all of queues of ``broker``); returns the queues whose entry the
         keeper declined because an operator's reset of theirs is pending there (see
         :meth:`persist`)."""
+
+    @contextlib.contextmanager
+    def one_look(self):
+        """Within it, questions about many queues may be answered from one look at where the
+        offsets persist (taken at the first question, with this store's own writes since laid
+        over it): a planning asks twice about the same thousands of queues. Nothing here."""
+        yield
 
     def may_have_lost(self, broker: str, written_ms: int) -> bool:
         """Whether what this store wrote for ``broker`` at ``written_ms`` (ms since the epoch) may

@@ -19,6 +19,7 @@ errors.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from typing import Callable, Iterable, Mapping
@@ -56,12 +57,24 @@ class BrokerOffsetStore(OffsetTable):
         self.backend = backend
         self._written_to: dict[str, str] = {}   # broker name -> the master that took the last write
         self._no_bulk: set[str] = set()          # addresses that refused GET_CONSUME_STATS
+        #: inside one_look: (address, topic) -> {queue id: offset} of the look taken there
+        self._looked: dict[tuple[str, str], dict[int, int]] | None = None
 
     def __getstate__(self) -> dict:
         raise TypeError("a BrokerOffsetStore holds connections; tasks receive a BackendSpec instead")
 
     def __repr__(self) -> str:
         return f"BrokerOffsetStore(group={self.group!r})"
+
+    @contextlib.contextmanager
+    def one_look(self):
+        """:meth:`OffsetTable.one_look`: one GET_CONSUME_STATS per broker and topic inside it; the
+        commits a master took since are laid over its answer."""
+        self._looked = {}
+        try:
+            yield
+        finally:
+            self._looked = None
 
     def _in_a_row(self, broker: str, addr: str | None, items: list, send: Callable,
                   take: Callable, min_items: int = 2) -> dict:
@@ -132,8 +145,13 @@ class BrokerOffsetStore(OffsetTable):
         for topic, mqs in by_topic.items():
             if len(mqs) < BULK_MIN or not self.client.serves(addr, rq.GET_CONSUME_STATS):
                 continue
+            looked = self._looked
             try:
-                table = rq.consume_stats(self.client, addr, self.group, topic)
+                table = looked.get((addr, topic)) if looked is not None else None
+                if table is None:
+                    table = rq.consume_stats(self.client, addr, self.group, topic)
+                    if looked is not None:
+                        looked[(addr, topic)] = table
             except RmqAuthError as exc:
                 log.info("consumer group %r: %s refuses GET_CONSUME_STATS (%s): its queues' offsets "
                          "are asked one by one", self.group, addr, exc)
@@ -143,6 +161,14 @@ class BrokerOffsetStore(OffsetTable):
                 return out      # (the one-by-one questions retry, fall back and name errors)
             out.update((mq, table[mq.queue_id]) for mq in mqs if mq.queue_id in table)
         return out
+
+    def _lay_over(self, addr: str, written: list[tuple[MessageQueue, int]]) -> None:
+        """Writes the master at ``addr`` took, laid over the look taken there (one_look)."""
+        if self._looked:
+            for mq, offset in written:
+                table = self._looked.get((addr, mq.topic))
+                if table is not None:
+                    table[mq.queue_id] = offset
 
     def may_have_lost(self, broker: str, written_ms: int) -> bool:
         """True when the master of ``broker`` is not the one that took the write, or started less
@@ -183,6 +209,8 @@ class BrokerOffsetStore(OffsetTable):
                 self._written_to[broker] = addr
                 if not taken:
                     declined.add(mq)
+                else:
+                    self._lay_over(addr, [(mq, offset)])
             return None if on_master else f"written to its slave {addr} meanwhile"
 
         on_slave = []
@@ -208,6 +236,7 @@ class BrokerOffsetStore(OffsetTable):
         if taken:
             self._written_to[broker] = master
             declined.update(mq for (mq, _), ok in taken.items() if not ok)
+            self._lay_over(master, [(mq, offset) for (mq, offset), ok in taken.items() if ok])
         for mq, offset in ordered:
             if (mq, offset) in taken:
                 continue

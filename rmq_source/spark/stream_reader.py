@@ -17,6 +17,7 @@ whose lock it holds.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -178,18 +179,18 @@ class RmqStreamReader(StreamReaderBase):
         start_map = from_json_dict(start, what="start offset")
         if isinstance(self.strategy, UserStrategy):   # asked once per batch (see AskedOnce)
             self._batch_strategy = AskedOnce(self.strategy)
-        self._commit_previous(start_map)
-        starts = self._starts_with_new_queues(start_map, self._queues(start_map))
-        mqs = sort_queues(starts)
-        # only the query's own first batch: a restarted process asks initialOffset too (to re-run
-        # the first batch) and then plans later batches, where the group's progress counts
-        fresh = self._fresh and start == self._initial
-        self._fresh = False
-        waited_since: int | None = None
-        while True:
+        # (the group's progress of every queue looked at once for the commit and the allocation)
+        with self.group_store.one_look() if self.group_store is not None else contextlib.nullcontext():
+            self._commit_previous(start_map)
+            starts = self._starts_with_new_queues(start_map, self._queues(start_map))
+            mqs = sort_queues(starts)
+            # only the query's own first batch: a restarted process asks initialOffset too (to
+            # re-run the first batch) and then plans later batches, where the group's progress counts
+            fresh = self._fresh and start == self._initial
+            self._fresh = False
             read, end, latest = self._plan_reachable(mqs, starts, limit, fresh)
-            if self.session is None or self._target is None or end != starts:
-                break
+        waited_since: int | None = None
+        while self.session is not None and self._target is not None and end == starts:
             # Trigger.AvailableNow and nothing to read now: done, unless the target is not reached
             # in queues the group has not read and a member that may have died still has them.
             if waited_since is None:
@@ -198,6 +199,7 @@ class RmqStreamReader(StreamReaderBase):
             if reason is None:
                 break
             self._wait_for_group(reason, waited_since)
+            read, end, latest = self._plan_reachable(mqs, starts, limit, fresh)
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial)
