@@ -344,7 +344,7 @@ class _Producer(threading.Thread):
 def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_cluster, tmp_path):
     """With default options, a producer sending throughout: broker-b SIGKILLed and down for 20 s
     (longer than the requests' retries, about 15 s, so broker-b is "away" to the planning),
-    then restarted; then a rolling restart of both brokers. An ordered group query, an unordered
+    then restarted; then broker-a stopped cleanly (it leaves the routes) and restarted. An ordered group query, an unordered
     one, a query without a group and a sink stream all go on: every message exactly once in each
     read sink, every row of the sink stream in its topic, both groups' offsets at the queues' ends
     on both brokers."""
@@ -389,11 +389,10 @@ def test_broker_restarts_are_ridden_out_by_every_kind_of_stream(spark, own_clust
             read_past(during, "broker-a's messages sent while broker-b was away never arrived")
             read_past(_wait_sent(producer, producer.per_broker["broker-b"] + 100, "broker-b"),
                       "broker-b's queues did not go on after its restart")
-            for name in ("broker-a", "broker-b"):                      # a rolling restart
-                own_cluster.stop_broker(name)
-                own_cluster.start_broker(name)
-                read_past(_wait_sent(producer, producer.per_broker[name] + 100, name),
-                          f"{name}'s queues did not go on after its rolling restart")
+            own_cluster.stop_broker("broker-a")                        # a clean restart of the other
+            own_cluster.start_broker("broker-a")
+            read_past(_wait_sent(producer, producer.per_broker["broker-a"] + 100, "broker-a"),
+                      "broker-a's queues did not go on after its restart")
             producer.halt.set()
             producer.join(30)
             sent, unsure = set(producer.sent), set(producer.unsure)
