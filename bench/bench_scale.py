@@ -355,6 +355,8 @@ def main() -> None:
     parser.add_argument("--skip-spark", action="store_true", help="planning and group only")
     parser.add_argument("--live", action="store_true",
                         help="a live cluster's micro-batches instead (bench/scale_live.py)")
+    parser.add_argument("--live-parts", default="driver,spark,java",
+                        help="with --live: which parts run (driver, spark, java)")
     args = parser.parse_args()
     print_machine()
     if args.live:

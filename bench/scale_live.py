@@ -8,11 +8,12 @@ its queues. Then, per topic:
 1. **Driver profile** (this process, no Spark): a :class:`RmqStreamReader` makes the calls Spark
    makes for an AvailableNow run with ``maxMessagesPerTrigger=500`` (``initialOffset``,
    ``prepareForTriggerAvailableNow``, then ``latestOffset``, ``partitions``, the tasks' reads,
-   ``commit`` per batch) under cProfile, for an ordered and an unordered group query and a query
-   without a group. Printed: median wall ms per batch of ``latestOffset``, ``partitions`` and
-   the reads, and where ``latestOffset`` spends its time, per batch (cumulative ms of: routes,
-   queue offsets, group offsets read, group commits, locks, heartbeats, allocation, batch plans).
-   Profiling slows Python calls down: the shares count, not the totals.
+   ``commit`` per batch), ``latestOffset`` under cProfile, for an ordered and an unordered group
+   query and a query without a group. Printed: median wall ms per batch of ``latestOffset``,
+   ``partitions`` and the tasks' reads (in this process), and where ``latestOffset`` spends its
+   time, per batch (cumulative ms of: routes, queue offsets, group offsets read, group commits,
+   locks, heartbeats, allocation, batch plans). Profiling slows Python calls down: the shares
+   count, not the totals (``latestOffset``'s own time is the Spark part's).
 2. **Spark** (``local[2]``): the same AvailableNow stream into the ``noop`` sink, a new group each
    run, best of ``--repeat`` runs: the whole read (start to end of the query), the median
    micro-batch (``triggerExecution`` of the batches with rows) and the median ``latestOffset``
@@ -96,6 +97,8 @@ public class ScaleConsume {
         long ms = (System.nanoTime() - t0) / 1000000;
         c.shutdown();
         System.out.println("DONE " + (all ? ms : -1));
+        System.out.flush();
+        System.exit(0);    // (5.3.3's orderly service leaves a non-daemon thread running)
     }
 }
 """
@@ -221,9 +224,13 @@ def main(args) -> None:
               f"{BODY} B per topic ...", flush=True)
         cluster = start_cluster(tmp, sizes)
         try:
-            _driver(cluster, sizes, args.repeat, tmp)
-            _spark(cluster, sizes, args.repeat, args.master, tmp)
-            _java(cluster, sizes, args.repeat, tmp)
+            parts = args.live_parts.split(",")
+            if "driver" in parts:
+                _driver(cluster, sizes, args.repeat, tmp)
+            if "spark" in parts:
+                _spark(cluster, sizes, args.repeat, args.master, tmp)
+            if "java" in parts:
+                _java(cluster, sizes, args.repeat, tmp)
         finally:
             cluster.stop(graceful=False)
 
@@ -237,7 +244,8 @@ def _driver(cluster, sizes, repeat, tmp) -> None:
             rows.append([f"{queues:,}", mode, best["batches"], f"{best['latestOffset']:.0f}",
                          f"{best['partitions']:.0f}", f"{best['reads']:.0f}"])
             share_rows.append([f"{queues:,}", mode] + [f"{best['shares'][label]:.1f}" for label, _ in PARTS])
-    print("\ndriver calls without Spark, median ms per batch (best run):")
+    print("\ndriver calls without Spark, median ms per batch (best run; latestOffset timed under "
+          "cProfile, which slows Python calls: its own time is the Spark table's):")
     print_table(["queues", "query", "batches", "latestOffset", "partitions", "tasks' reads"], rows)
     print("where latestOffset goes, ms per batch under cProfile:")
     print_table(["queues", "query"] + [label for label, _ in PARTS], share_rows)
