@@ -219,3 +219,28 @@ def test_a_broker_may_have_lost_a_commit_only_if_it_restarted(master, answer, lo
     store = BrokerOffsetStore(None, "G", Backend())
     store._written_to["broker-a"] = "a:1"
     assert store.may_have_lost("broker-a", 4500) is lost
+
+
+@pytest.mark.parametrize("orderly", [True, False])
+def test_only_queues_that_moved_are_committed(store, monkeypatch, orderly):
+    """A commit writes the queues whose offset moved since what their keeper took; the others
+    were just compared with the keeper (a thousand idle queues cost no writes)."""
+    reader = _reader(store, "aa", orderly=orderly, maxMessagesPerTrigger=str(QUEUES * 5))
+    try:
+        end, _ = _drain(reader, reader.initialOffset())
+        assert _progress(reader) == {q: PER_QUEUE for q in range(QUEUES)}
+        written = []
+        persist = reader.group_store.persist
+        monkeypatch.setattr(reader.group_store, "persist", lambda mqs=None: written.append(
+            sorted(mqs or [])) or persist(mqs))
+        end, read = _batch(reader, end)
+        end, read = _batch(reader, end)
+        assert read == {} and [w for w in written if w] == []     # nothing moved: nothing written
+        _reset(reader, {Q1: 4})                                   # an operator moves Q1 back
+        end, moved = _batch(reader, end)                          # (followed, not overwritten)
+        end, seen = _drain(reader, end)
+        assert moved == {} and seen == {1: list(range(4, PER_QUEUE))}
+        end, _ = _batch(reader, end)
+        assert {q for w in written for q in w} == {Q1} and _progress(reader)[1] == PER_QUEUE
+    finally:
+        reader.stop()
