@@ -507,10 +507,9 @@ class ClusterBackend(Backend):
         it tens of milliseconds); an exception is raised as the sequential loop would raise it."""
         if len(work) < 2:
             return {broker: fn(broker, w) for broker, w in work.items()}
-        with self._mutex:
-            if self._fanout is None:
-                self._fanout = ThreadPoolExecutor(max_workers=FANOUT_THREADS, thread_name_prefix="rmq-brokers")
-        futures = {broker: self._fanout.submit(fn, broker, w) for broker, w in work.items()}
+        fanout = self._pool("_fanout", lambda: ThreadPoolExecutor(max_workers=FANOUT_THREADS,
+                                                                  thread_name_prefix="rmq-brokers"))
+        futures = {broker: fanout.submit(fn, broker, w) for broker, w in work.items()}
         return {broker: future.result() for broker, future in futures.items()}
 
     def _broker_infos(self, broker: str, topics: dict[str, list[MessageQueue]]
@@ -986,16 +985,20 @@ class ClusterBackend(Backend):
                   columns=None) -> Iterator:
         """:meth:`Backend.read_many`, the small ranges read ahead several at once
         (:mod:`rmq_source.remote.read_ahead`)."""
-        with self._mutex:
-            if self._read_ahead is None:
-                self._read_ahead = read_ahead.pool()
+        pool = self._pool("_read_ahead", read_ahead.pool)
 
         def one(r):
             return self.read(r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
                              batch_bytes=batch_bytes, verify_crc=verify_crc, on_data_loss=r.on_data_loss,
                              on_short_read=r.on_short_read, columns=columns)
-        return coalesce(read_ahead.in_range_order(list(ranges), one, self._read_ahead),
-                        batch_rows, batch_bytes)
+        return coalesce(read_ahead.in_range_order(list(ranges), one, pool), batch_rows, batch_bytes)
+
+    def _pool(self, attr: str, make) -> ThreadPoolExecutor:
+        """The thread pool kept in ``attr``, made by ``make()`` on first use."""
+        with self._mutex:
+            if getattr(self, attr) is None:
+                setattr(self, attr, make())
+            return getattr(self, attr)
 
     def read(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
              on_data_loss, on_short_read, columns=None) -> Iterator:
