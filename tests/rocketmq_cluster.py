@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import loopback
+import rocketmq_archive
 from phase_timings import timed
 
 #: The two lines the suite runs against, newest first: the last 4.9.x and the newest 5.3.x whose
@@ -267,11 +268,13 @@ class JavaServer:
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, heap_mb: int = 320,
                  direct_mb: int = 256, system_props: dict | None = None,
-                 jvm_opts: tuple[str, ...] = TEST_JVM_OPTS):
+                 jvm_opts: tuple[str, ...] = TEST_JVM_OPTS, cds: bool = True):
         """``system_props``: Java system properties (``-Dkey=value``) of the JVM, e.g. the
         broker's ``rocketmq.broker.rebalance.lockMaxLiveTime``; ``jvm_opts``: the JIT and GC flags
-        (:data:`TEST_JVM_OPTS` boot fast; a bench passes ``()`` for the JVM's defaults)."""
+        (:data:`TEST_JVM_OPTS` boot fast; a bench passes ``()`` for the JVM's defaults);
+        ``cds=False``: without the test run's class-data archive (tests/rocketmq_archive.py)."""
         self.jvm_opts = tuple(jvm_opts)
+        self.cds = cds
         self.system_props = dict(system_props or {})
         self.version = version
         self.jars = Path(jars)
@@ -299,8 +302,9 @@ class JavaServer:
         self.home.mkdir(parents=True, exist_ok=True)
 
     def java_command(self, main: str, args: list[str]) -> list[str]:
+        archive = rocketmq_archive.java_options(self.version, self.jars) if self.cds else ()
         return ["java", f"-Xmx{self.heap_mb}m", "-Xms32m", f"-XX:MaxDirectMemorySize={self.direct_mb}m",
-                *self.jvm_opts, "-Xss512k", *ADD_OPENS,
+                *self.jvm_opts, *archive, "-Xss512k", *ADD_OPENS,
                 f"-Duser.home={self.home}", f"-Drocketmq.home.dir={self.rocketmq_home}",
                 "-Drocketmq.broker.diskSpaceWarningLevelRatio=0.98",
                 "-Drocketmq.client.logUseSlf4j=true", "-Dio.netty.leakDetection.level=disabled",
@@ -614,6 +618,8 @@ class Proxy(JavaServer):
 
     def __init__(self, version: str, jars: Path, workdir: Path, *, namesrv: str,
                  cluster: str = "DefaultCluster", extra: dict | None = None, **kw):
+        # (no class-data archive: the Proxy's jars are a folder of their own, started a few times a run)
+        kw.setdefault("cds", False)
         super().__init__(version, jars, workdir, heap_mb=kw.pop("heap_mb", 256), **kw)
         self.namesrv = namesrv
         self.cluster = cluster

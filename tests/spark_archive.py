@@ -82,6 +82,26 @@ def ensure() -> None:
     comes first; a failure only means Spark starts without one)."""
     choose_path()
     path = Path(os.environ[ENV])
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+
+    def make() -> None:
+        subprocess.run([sys.executable, "-c", _MAKER, str(path)], env=env, timeout=300,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=path.parent)
+
+    once(path, "Spark class-data archive (once a run)", make)
+
+
+def run_folder() -> Path:
+    """The run's folder of class-data archives (shared by its processes)."""
+    choose_path()
+    return Path(os.environ[ENV]).parent
+
+
+def once(path: Path, phase: str, make) -> None:
+    """Call ``make()`` (which writes the archive ``path``) unless it was called for ``path`` in
+    this run, by any of its processes: the first to come makes it under a file lock, the others
+    wait for it. An error of ``make`` (OSError, a timeout) only means no archive: the JVMs then
+    start without one."""
     tried = path.with_suffix(".tried")
     if tried.exists():
         return
@@ -89,12 +109,9 @@ def ensure() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be making it: wait
         if tried.exists():
             return
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-        with phase_timings.timed("Spark class-data archive (once a run)"):
+        with phase_timings.timed(phase):
             try:
-                subprocess.run([sys.executable, "-c", _MAKER, str(path)], env=env, timeout=300,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               cwd=path.parent)
-            except (OSError, subprocess.TimeoutExpired):
+                make()
+            except (OSError, subprocess.SubprocessError):
                 pass
-        tried.touch()       # also when it was not written (java_options then says "")
+        tried.touch()       # also when it was not written (java_options then leaves it out)

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+import rocketmq_archive
 import rocketmq_cluster as rc_cluster
 from rocketmq_cluster import pull_all
 from rmq_source.store import record_codec
@@ -261,10 +262,12 @@ def java_command(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, system_pr
         subprocess.run(["javac", "-nowarn", "-cp", cp, "-d", str(src),
                         *(str(src / f"{name}.java") for name in sources)],
                        check=True, capture_output=True, timeout=180)
-    return ["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *rc_cluster.ADD_OPENS,
+    # (the jars first: the run's class-data archive of them applies, tests/rocketmq_archive.py)
+    archive = rocketmq_archive.java_options(rocketmq.version, rocketmq.jars)
+    return ["java", "-Xmx128m", "-XX:TieredStopAtLevel=1", *archive, *rc_cluster.ADD_OPENS,
             f"-Duser.home={src}", "-Drocketmq.client.logUseSlf4j=true",
             *(f"-D{k}={v}" for k, v in (system_props or {}).items()),
-            "-cp", f"{src}:{cp}", main, rocketmq.namesrv_addr, *args]
+            "-cp", f"{cp}:{src}", main, rocketmq.namesrv_addr, *args]
 
 
 def run_java(rocketmq, workdir, main, *args, sources=JAVA_SOURCES, timeout=120):

@@ -112,7 +112,7 @@ def test_a_batch_read_through_the_proxy_equals_a_direct_read(spark, rocketmq, pr
     direct = _read(spark, rocketmq.namesrv_addr, topic).select(*columns).orderBy("queueId", "queueOffset").collect()
     assert through == direct
     assert len(through) == QUEUES * (FIRST + SECOND)
-    java_view = types.SimpleNamespace(namesrv_addr=proxy.addr, jars=rocketmq.jars)
+    java_view = types.SimpleNamespace(namesrv_addr=proxy.addr, jars=rocketmq.jars, version=rocketmq.version)
     dumped, ends = java_dump(java_view, proxy.workdir, topic, "broker-a", QUEUES)
     assert {q: [(m[0], m[4]) for m in dumped[q]] for q in range(QUEUES)} == {
         q: [(r.queueOffset, bytes(r.body)) for r in through if r.queueId == q] for q in range(QUEUES)}
@@ -388,7 +388,7 @@ def test_a_query_and_a_java_orderly_consumer_share_a_group_through_the_proxy(spa
     addr = rocketmq.brokers["broker-a"].addr
     record, sent, ends = Consumptions(), set(), [0] * QUEUES
     java_out, stop_file = tmp_path / "java.out", tmp_path / "java.stop"
-    view = types.SimpleNamespace(namesrv_addr=proxy.addr, jars=rocketmq.jars)
+    view = types.SimpleNamespace(namesrv_addr=proxy.addr, jars=rocketmq.jars, version=rocketmq.version)
     cmd = java_command(view, tmp_path, "OrderlyMember", topic, group, str(stop_file),
                        sources={"OrderlyMember": JAVA_ORDERLY_MEMBER}, system_props=JAVA_PROPS)
     with java_out.open("w") as out:

@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmq_source.remote import read_ahead
 
@@ -88,3 +90,45 @@ def test_fewer_than_two_small_ranges_are_read_in_turn(executor):
         threading.current_thread().name) or _batches(r), executor))
     assert got == _rows(b for r in ranges for b in _batches(r))
     assert set(names) == {threading.current_thread().name}
+
+
+def _native(qid: int, offsets: range) -> pa.RecordBatch:
+    from rmq_source.store import native
+    rows = [{"queueId": 0, "queueOffset": o, "commitLogOffset": o * 100, "storeSize": 100,
+             "body": b"b%d" % o, "sysFlag": 0, "keys": [], "properties": []} for o in offsets]
+    return pa.RecordBatch.from_pylist(rows, schema=native.NATIVE_SCHEMA)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["broker-a", "broker-b"]), st.integers(0, 3),
+                          st.integers(0, 40)), max_size=30),
+       st.integers(1, 64), st.integers(1 << 10, 1 << 16))
+@settings(max_examples=200, deadline=None)
+def test_full_rows_converts_ranges_of_one_broker_together(parts, max_rows, max_bytes):
+    """The rows of consecutive ranges of one broker made full rows at once: the same rows, in the
+    same order, as converting each range alone; an output never mixes brokers; several parts are
+    joined only within the limits, and a part of a quarter of a limit or more is never joined."""
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.store.reader import native_rows
+    given_parts, expected, first = [], [], 0
+    for broker, qid, n in parts:
+        mq = MessageQueue("T", broker, qid)
+        batch = _native(qid, range(first, first + n))
+        first += n
+        given_parts.append((batch, mq))
+        if n:
+            expected.append(native_rows(batch, "T", broker, qid))
+    out = list(read_ahead.full_rows(iter(given_parts), max_rows, max_bytes))
+    want = pa.Table.from_batches(expected) if expected else None
+    got = pa.Table.from_batches(out) if out else None
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.equals(want)
+    for batch in out:
+        assert len(set(batch.column("brokerName").to_pylist())) == 1
+        offsets = batch.column("queueOffset").to_pylist()
+        members = [b for b, _ in given_parts if b.num_rows and b.column("queueOffset")[0].as_py() in offsets]
+        if len(members) > 1:
+            assert batch.num_rows <= max_rows
+            assert sum(m.get_total_buffer_size() for m in members) <= max_bytes
+            assert all(m.num_rows * 4 < max_rows and m.get_total_buffer_size() * 4 < max_bytes
+                       for m in members)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import rocketmq_archive
 import rocketmq_cluster as rc
 
 FAKE_MVN = """#!/bin/sh
@@ -112,3 +113,24 @@ def test_a_port_taken_before_the_jvm_binds_it_is_replaced(rocketmq_jars, tmp_pat
     finally:
         server.stop(graceful=False)
         taken.close()
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("line", ["4.9", "5.3"])
+def test_the_runs_class_data_archive_maps_the_servers_classes(rocketmq_jars, line):
+    """Every server JVM of a run on these jars starts from the run's archive (made on the first
+    start): ``-Xshare:on`` refuses to start a JVM that cannot map it; the servers' and mqadmin's
+    own classes come from it."""
+    version, jars = rocketmq_jars(line)
+    options = rocketmq_archive.java_options(version, jars)
+    assert options and options[0].startswith("-XX:SharedArchiveFile="), options
+    cmd = ["java", "-Xshare:on", options[0], "-Xlog:class+load=info", *rc.TEST_JVM_OPTS,
+           *rc.ADD_OPENS, "-cp", rc.java_class_path(jars), rc.NAMESRV_MAIN, "-h"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert f"{rc.NAMESRV_MAIN} source: shared objects file" in out.stdout, out.stdout[-2000:] + out.stderr
+    # mapped: the broker's and the tools' classes (loaded by their own boots)
+    listed = subprocess.run(["java", "-Xshare:on", options[0], "-XX:+PrintSharedArchiveAndExit",
+                             "-cp", rc.java_class_path(jars)], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr
+    for cls in ("org.apache.rocketmq.broker.BrokerController", "org.apache.rocketmq.tools.admin.DefaultMQAdminExt"):
+        assert f" {cls} " in listed.stdout, cls

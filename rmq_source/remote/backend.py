@@ -45,7 +45,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock, coalesce
+from rmq_source.backend import Backend, BackendSpec, QueueInfo, TaskLock
 from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailableError,
                                RmqMasterAwayError, RmqOptionError,
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
@@ -73,6 +73,8 @@ OUTAGE_LOG_S = 15.0     # and says so this often
 NO_MASTER_RECHECK_S = 1.0
 COALESCE_BYTES = 16 << 20     # pull answers decoded together, at most
 FANOUT_THREADS = 8            # brokers asked side by side (_each_broker)
+_TEMPLATES_KEPT = 1 << 16     # pull templates kept (one per queue and subscription read)
+_NO_TEMPLATE = object()
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
 _MAX_RETRIES = 5
 #: errors that say the broker is not there (as opposed to an answer refusing the request)
@@ -164,6 +166,7 @@ class ClusterBackend(Backend):
         self._no_master_at: dict[str, float] = {}      # when the NameServers last listed no master
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
+        self._templates: dict[tuple, object] = {}      # (queue, subscription) -> pull template
         self._read_ahead = None                        # threads reading small ranges ahead
         self._fanout: ThreadPoolExecutor | None = None  # threads asking brokers side by side
         self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
@@ -781,13 +784,25 @@ class ClusterBackend(Backend):
         the last one's."""
         self._note_topic(mq)        # (once a read, not once a pull)
         if self.spec.native_pulls and self.spec.credentials is None:     # (TLS: in C too)
+            template = self._template(mq, sub)
+            if template is not None:
+                return self._native_pulls(mq, start, end, sub, template, max_rows, max_bytes)
+        return self._python_pulls(mq, start, end, sub)
+
+    def _template(self, mq: MessageQueue, sub: Subscription):
+        """The C core's PULL_MESSAGE template of ``mq`` and ``sub`` (:func:`native_pull.pull_template`),
+        made once: a task of a thousand queues reads a few messages of each, every batch."""
+        key = (mq, sub.expression, sub.expression_type, sub.sub_all)
+        template = self._templates.get(key, _NO_TEMPLATE)
+        if template is _NO_TEMPLATE:
             template = native_pull.pull_template(rq.pull_fields(
                 self.spec.pull_group, mq.topic, mq.queue_id, 0,
                 subscription=sub.expression if not sub.sub_all else "*",
                 expression_type=sub.expression_type, broker_name=mq.broker_name))
-            if template is not None:
-                return self._native_pulls(mq, start, end, sub, template, max_rows, max_bytes)
-        return self._python_pulls(mq, start, end, sub)
+            if len(self._templates) >= _TEMPLATES_KEPT:
+                self._templates.clear()          # (queues of topics no longer read)
+            self._templates[key] = template
+        return template
 
     def _take_puller(self, addr: str) -> tuple[native_pull.NativePuller, bool]:
         """An idle puller of this thread for ``addr`` (reused: True) or a new one. A puller
@@ -984,14 +999,18 @@ class ClusterBackend(Backend):
     def read_many(self, ranges, *, subscription, batch_rows: int, batch_bytes: int, verify_crc: bool,
                   columns=None) -> Iterator:
         """:meth:`Backend.read_many`, the small ranges read ahead several at once
-        (:mod:`rmq_source.remote.read_ahead`)."""
+        (:mod:`rmq_source.remote.read_ahead`) and the decoded rows of consecutive ranges of one
+        broker made full rows together (one conversion for many small ranges)."""
         pool = self._pool("_read_ahead", read_ahead.pool)
 
         def one(r):
-            return self.read(r.mq, r.start, r.end, subscription=subscription, batch_rows=batch_rows,
-                             batch_bytes=batch_bytes, verify_crc=verify_crc, on_data_loss=r.on_data_loss,
-                             on_short_read=r.on_short_read, columns=columns)
-        return coalesce(read_ahead.in_range_order(list(ranges), one, pool), batch_rows, batch_bytes)
+            for batch in self._read_native(r.mq, r.start, r.end, subscription=subscription,
+                                           batch_rows=batch_rows, batch_bytes=batch_bytes,
+                                           verify_crc=verify_crc, on_data_loss=r.on_data_loss,
+                                           on_short_read=r.on_short_read, columns=columns):
+                yield batch, r.mq
+        return read_ahead.full_rows(read_ahead.in_range_order(list(ranges), one, pool),
+                                    batch_rows, batch_bytes)
 
     def _pool(self, attr: str, make) -> ThreadPoolExecutor:
         """The thread pool kept in ``attr``, made by ``make()`` on first use."""
@@ -1005,8 +1024,18 @@ class ClusterBackend(Backend):
         """Pull answers are decoded several at a time (consecutive answers are consecutive
         CommitLog records): up to ``batch_rows`` messages or ``min(batch_bytes, 16 MiB)`` of records
         a batch, so the per-batch work is not paid for every pull of 32 messages."""
-        from rmq_source.store import native
         from rmq_source.store.reader import native_rows
+        for batch in self._read_native(mq, start, end, subscription=subscription, batch_rows=batch_rows,
+                                       batch_bytes=batch_bytes, verify_crc=verify_crc,
+                                       on_data_loss=on_data_loss, on_short_read=on_short_read,
+                                       columns=columns):
+            yield native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
+
+    def _read_native(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
+                     on_data_loss, on_short_read, columns=None) -> Iterator:
+        """:meth:`read` in the C core's columns (NATIVE_SCHEMA: bodies as stored, no topic nor
+        brokerName)."""
+        from rmq_source.store import native
 
         sub = subscription if isinstance(subscription, Subscription) else Subscription.parse(subscription)
         tags = tuple(sub.tags) if sub.tag_filter else None   # SQL92: the caller rechecks rows
@@ -1023,8 +1052,7 @@ class ClusterBackend(Backend):
                                                  queue_id=mq.queue_id, start=first[0], end=end,
                                                  tags=tags, verify_crc=verify_crc, skip=skip)
             pending.clear()
-            return (native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
-                    if batch.num_rows else None), after
+            return (batch if batch.num_rows else None), after
 
         pulls = _explain_filter_refusal(self._pulls(mq, start, end, sub, batch_rows, limit_bytes), mq)
         try:

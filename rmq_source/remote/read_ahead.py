@@ -8,12 +8,17 @@ after the other: RocketMQ has no pull of several queues. Here the ranges of at m
 range order, and a larger range is read in its turn by the task's own thread, streamed as before.
 At most :data:`THREADS` ranges are read ahead of the one being handed out (their rows held in
 memory: at most that many small ranges' worth).
+
+The ranges' rows come as the C core decodes them (bodies as stored, no topic nor broker columns):
+:func:`full_rows` makes the rows of consecutive ranges of one broker full rows together, one
+conversion (and one join) for many small ranges instead of one each.
 """
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 #: a range of at most this many messages (one pull's worth at the broker's default cap) is read ahead
@@ -53,3 +58,29 @@ def in_range_order(ranges: Sequence, read: Callable[[object], Iterator[pa.Record
     finally:
         for future in ahead.values():
             future.cancel()
+
+
+def full_rows(parts: Iterator[tuple[pa.RecordBatch, object]], max_rows: int, max_bytes: int
+              ) -> Iterator[pa.RecordBatch]:
+    """``parts``, (C core batch, its queue) in order, as full rows in the same order: consecutive
+    parts of one broker are converted together (:func:`native_rows_of_queues`) while they hold
+    at most ``max_rows`` rows and ``max_bytes`` bytes of buffers; a part of a quarter of either
+    or more goes alone (joining copies)."""
+    from rmq_source.store.reader import native_rows_of_queues
+    held: list = []
+    broker, rows, size = None, 0, 0
+    for batch, mq in parts:
+        n, b = batch.num_rows, batch.get_total_buffer_size()
+        if not n:
+            continue
+        alone = n * 4 >= max_rows or b * 4 >= max_bytes
+        if held and (alone or mq.broker_name != broker or rows + n > max_rows or size + b > max_bytes):
+            yield native_rows_of_queues(held, broker)
+            held, rows, size = [], 0, 0
+        held.append((batch, mq.topic, np.full(n, mq.queue_id, dtype=np.int32)))
+        broker, rows, size = mq.broker_name, rows + n, size + b
+        if alone or rows >= max_rows or size >= max_bytes // 2:
+            yield native_rows_of_queues(held, broker)
+            held, rows, size = [], 0, 0
+    if held:
+        yield native_rows_of_queues(held, broker)
