@@ -373,3 +373,51 @@ def test_refused_credentials_are_told_from_other_errors(code, remark, refused):
 def test_a_proxy_without_members_of_the_group_answers_no_member(remark, none):
     from rmq_source.remote.requests import _no_member_at_proxy
     assert _no_member_at_proxy(remark) is none
+
+
+@pytest.mark.parametrize("kind", ["one", "batch"])
+@pytest.mark.parametrize("busy, taken", [(0, True), (rq.SHED_RETRIES, True), (rq.SHED_RETRIES + 1, False)])
+def test_a_send_the_broker_shed_is_sent_again(peer, kind, busy, taken):
+    """SYSTEM_BUSY to a send (the broker stored nothing: its queue waited too long) makes the send
+    again, SHED_RETRIES times at most; a broker still busy then fails it with its remark. Other
+    refusals are not retried (one request)."""
+    seen = []
+
+    def script(conn):
+        while True:
+            req = read_request(conn)
+            seen.append(req.code)
+            if len(seen) <= busy:
+                conn.sendall(answer(req, code=rq.SYSTEM_BUSY, remark="[TIMEOUT_CLEAN_QUEUE]broker busy"))
+            else:
+                conn.sendall(answer(req, ext={"msgId": "M", "queueId": "0", "queueOffset": "7"}))
+
+    p = peer(script)
+    with RemotingClient(timeout=5) as client:
+        def send():
+            if kind == "one":
+                return rq.send_message(client, p.addr, "T", b"x")
+            return rq.send_batch(client, p.addr, "T", [{"body": b"x"}, {"body": b"y"}])
+        if taken:
+            assert send().queue_offset == 7
+        else:
+            with pytest.raises(RmqBrokerError, match="TIMEOUT_CLEAN_QUEUE") as info:
+                send()
+            assert info.value.code == rq.SYSTEM_BUSY
+    assert len(seen) == min(busy, rq.SHED_RETRIES + 1) + (1 if taken else 0)
+
+
+def test_a_send_refused_otherwise_is_not_sent_again(peer):
+    seen = []
+
+    def script(conn):
+        while True:
+            req = read_request(conn)
+            seen.append(req.code)
+            conn.sendall(answer(req, code=1, remark="system error"))
+
+    p = peer(script)
+    with RemotingClient(timeout=5) as client:
+        with pytest.raises(RmqBrokerError, match="system error"):
+            rq.send_message(client, p.addr, "T", b"x")
+    assert len(seen) == 1

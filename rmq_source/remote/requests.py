@@ -16,13 +16,14 @@ import json
 import os
 import socket
 import struct
+import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from rmq_source.store import record_codec as rc
-from rmq_source.errors import RmqRemotingProtocolError
+from rmq_source.errors import RmqBrokerError, RmqRemotingProtocolError
 from rmq_source.remote.client import Call, RemotingClient, check
 from rmq_source.remote.fastjson import keyed_by_objects
 from rmq_source.remote.frames import SERIALIZE_ROCKETMQ, RemotingCommand, loads_fastjson
@@ -317,11 +318,29 @@ def send_message(client: RemotingClient, broker: str, topic: str, body: bytes, *
     if compress:
         body = zlib.compress(body, 5)
         sys_flag |= rc.FLAG_COMPRESSED
-    call = send_one_call(client, broker, topic, body, props_bytes(props), queue_id=queue_id, born_ms=born,
-                         flag=flag, sys_flag=sys_flag, producer_group=producer_group,
-                         broker_name=broker_name, timeout=timeout)
-    ext = client.answer(call).ext_fields
+    ext = _taken(client, lambda: send_one_call(
+        client, broker, topic, body, props_bytes(props), queue_id=queue_id, born_ms=born, flag=flag,
+        sys_flag=sys_flag, producer_group=producer_group, broker_name=broker_name, timeout=timeout))
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), [uniq])
+
+
+#: a send the broker shed is sent again this many times at most, after 0.1, 0.2, 0.4 s
+SHED_RETRIES = 3
+
+
+def _taken(client: RemotingClient, send: Callable[[], Call]) -> dict:
+    """The answer fields of the send ``send()`` makes. A broker shedding load answers SYSTEM_BUSY
+    (its send queue waited too long, its page cache is busy: the message was not stored) and
+    the send is made again, :data:`SHED_RETRIES` times at most, as RocketMQ's producer does; a
+    broker that is still busy then raises RmqBrokerError."""
+    for attempt in range(SHED_RETRIES + 1):
+        try:
+            return client.answer(send()).ext_fields
+        except RmqBrokerError as exc:
+            if exc.code != SYSTEM_BUSY or attempt == SHED_RETRIES:
+                raise
+            time.sleep(0.1 * 2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 def props_bytes(props: Mapping[str, str]) -> bytes:
@@ -391,10 +410,10 @@ def send_batch(client: RemotingClient, broker: str, topic: str, messages: Iterab
                                          properties=m.get("properties"), born_ms=born)
         encoded.append((m["body"], props_bytes(props), int(m.get("flag", 0))))
         uniqs.append(uniq)
-    call = send_batch_call(client, broker, topic, encode_batch_encoded(encoded), queue_id=queue_id,
-                           born_ms=born, producer_group=producer_group, broker_name=broker_name,
-                           timeout=timeout)
-    ext = client.answer(call).ext_fields
+    body = encode_batch_encoded(encoded)
+    ext = _taken(client, lambda: send_batch_call(client, broker, topic, body, queue_id=queue_id, born_ms=born,
+                                                 producer_group=producer_group, broker_name=broker_name,
+                                                 timeout=timeout))
     return SendResult(ext.get("msgId", ""), int(ext.get("queueId", queue_id)), int(ext["queueOffset"]), uniqs)
 
 
