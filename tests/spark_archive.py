@@ -12,7 +12,8 @@ cannot use it (another JDK, another class path) runs without it, as without the 
 (inherited with the environment); the first of them to need it makes it under a file lock, the
 others wait for it. :func:`java_options` is what a Spark start adds to
 ``spark.driver.extraJavaOptions``: the archive, and the C1 compiler alone with the serial
-collector (:data:`LEAN_JVM`).
+collector (:data:`LEAN_JVM`). The run's folder holds the RocketMQ JVMs' archives too
+(tests/rocketmq_archive.py), made once a run by :func:`once` as this one is.
 """
 from __future__ import annotations
 

@@ -20,12 +20,14 @@ from fault_helpers.queries import wait_alive
 from fault_helpers.sinks import body_streams, rows_stream, sink_bodies, topic_bodies
 from rmq_source.remote import RemotingClient
 from rmq_source.remote import requests as rq
+from rmq_source.remote.frames import loads_fastjson
 from rocketmq_cluster import free_port, send_numbered
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 QUEUES, BEFORE, AFTER, NODES = 4, 100, 40, 3
-DELETE_SUBSCRIPTIONGROUP = 207   # RocketMQ's request code
+DELETE_SUBSCRIPTIONGROUP = 207   # RocketMQ's request codes
+GET_BROKER_HA_STATUS = 907
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,20 @@ def _wait_nodes(cluster, ok, what: str, timeout: float = 120) -> dict[int, str]:
         assert time.monotonic() < deadline, f"{what}: {nodes}\n{cluster.log_tails()}"
         time.sleep(0.2)
     return nodes
+
+
+def _wait_in_sync(master, timeout: float = 120) -> None:
+    """Until every slave of broker-c is in ``master``'s sync state set (GET_BROKER_HA_STATUS, what
+    ``mqadmin haStatus`` shows): the controller elects only among them
+    (``enableElectUncleanMaster=false``), and a slave lagging on a loaded machine leaves the set."""
+    deadline = time.monotonic() + timeout
+    with RemotingClient(timeout=5) as client:
+        while True:
+            info = loads_fastjson(client.invoke(master.addr, GET_BROKER_HA_STATUS, {}).body)
+            if info.get("inSyncSlaveNums") == NODES - 1:
+                return
+            assert time.monotonic() < deadline, f"broker-c's slaves never all in sync: {info}"
+            time.sleep(0.2)
 
 
 def _master(cluster):
@@ -108,6 +124,7 @@ def test_an_elected_master_takes_over_under_group_queries_and_a_sink_stream(cont
         read_before = {kind: len(sink_bodies(sink)) for kind, (q, sink) in streams.items()}
         assert _nodes(cluster)[0] == old.addr, "the master changed before the kill"
         _forget_groups_on_slaves(cluster, old, groups.values())
+        _wait_in_sync(old)
         killed_at = time.monotonic()
         old.kill()                                                   # SIGKILL the master
         assert all(n < len(before) for n in read_before.values()), read_before
