@@ -50,7 +50,7 @@ from rmq_source.errors import (RmqAuthError, RmqBrokerError, RmqBrokerUnavailabl
                                RmqMasterAwayError, RmqOptionError,
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingProtocolError,
                                RmqRemotingTimeoutError, RmqUnknownTopicError)
-from rmq_source.group.allocation import MessageQueue
+from rmq_source.group.allocation import MessageQueue, sort_queues
 from rmq_source.group.retry import is_retry_topic, retry_topic
 from rmq_source.remote import native_pull, read_ahead
 from rmq_source.remote import requests as rq
@@ -167,6 +167,7 @@ class ClusterBackend(Backend):
         self._pull_from: dict[MessageQueue, int] = {}  # the broker id the last pull answer suggested
         self._local = threading.local()                # this thread's NativePullers by address
         self._templates: dict[tuple, object] = {}      # (queue, subscription) -> pull template
+        self._queues_of: dict[str, tuple] = {}         # topic -> (readable queues by broker, queues)
         self._read_ahead = None                        # threads reading small ranges ahead
         self._fanout: ThreadPoolExecutor | None = None  # threads asking brokers side by side
         self._versions: dict[tuple[str, str], int] = {}  # (address, brokerName) -> broker version
@@ -413,9 +414,18 @@ class ClusterBackend(Backend):
     def queues_for_topics(self, topics: Iterable[str]) -> list[MessageQueue]:
         out = []
         for topic in topics:
-            for broker, n in sorted(self._readable(self.route(topic)).items()):
-                out.extend(MessageQueue(topic, broker, q) for q in range(n))
-        return sorted(out)
+            out.extend(self._route_queues(topic, self.route(topic)))
+        return sort_queues(out)
+
+    def _route_queues(self, topic: str, route: rq.TopicRoute) -> list[MessageQueue]:
+        """The readable queues of ``route``, made again only when the route changed (a planning
+        of 10,000 queues asks every batch)."""
+        readable = sorted(self._readable(route).items())
+        kept = self._queues_of.get(topic)
+        if kept is None or kept[0] != readable:
+            kept = self._queues_of[topic] = (readable, [
+                MessageQueue.of(topic, broker, q) for broker, n in readable for q in range(n)])
+        return kept[1]
 
     def retry_queues(self, group: str) -> list[MessageQueue]:
         """The queues of ``%RETRY%<group>`` on the brokers; none until a broker made the topic
