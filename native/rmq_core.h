@@ -320,6 +320,27 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
                     rmq_error *err);
 void rmq_puller_free(rmq_puller *p);
 
+/* The first pull of each of several ranges of one broker (any queues: each has its own template,
+ * cut as for rmq_puller_range), sent together, in_flight (1..16) at most unanswered, each answered
+ * within timeout_ms. In: tmpl, tmpl_len, cuts, offset (queue offset asked), nums (messages asked).
+ * Out: code (-1: no answer), next_begin (-1: none), suggest; a SUCCESS answer that moved past
+ * offset keeps its body at (*bodies)[body_at, body_at + body_len) (valid until the next call on
+ * the puller; others have body_len 0: the caller pulls that range its usual way). Two-way requests
+ * of the server are answered "not supported". Leaves the range pulled before (a range or a seek
+ * must come before rmq_puller_next). Errors as rmq_puller_next. */
+enum rmq_firsts_limit { RMQ_FIRSTS_MAX = 256 };
+typedef struct rmq_first_pull {
+    const uint8_t *tmpl;
+    int32_t tmpl_len;
+    int32_t cuts[3];
+    int64_t offset;
+    int32_t nums;
+    int32_t code;
+    int64_t next_begin, suggest, body_at, body_len;
+} rmq_first_pull;
+int rmq_puller_firsts(rmq_puller *p, rmq_first_pull *pulls, int32_t n, int32_t in_flight,
+                      int32_t timeout_ms, const uint8_t **bodies, rmq_error *err);
+
 /* TLS (core/tls.c): a client context; ca_file NULL: the system's CAs; verify 0: no certificate
  * is checked; cert_file (with key_file, or the key in cert_file; key_password may be NULL) for
  * servers asking for a client certificate. NULL with err set (RMQ_E_ARG: a file unusable). */

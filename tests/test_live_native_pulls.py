@@ -128,3 +128,61 @@ def test_a_pull_connection_broken_halfway_goes_on_in_python(rocketmq, filled, mo
     assert [r[0] for r in rows] == list(range(PER_QUEUE))
     assert [r[1] for r in rows] == [b for b, _ in sent[0]]
     assert calls[0] == break_at and len(went_on) == 1 and went_on[0] >= (break_at - 1) * 50
+
+
+class _Firsts:
+    """Counts the first pulls sent together and the answers that completed or began a range."""
+
+    def __init__(self, monkeypatch, break_after: int | None = None):
+        self.calls = self.with_body = 0
+        real = native_pull.NativePuller.firsts
+
+        def counted(puller, pulls, **kw):
+            self.calls += 1
+            if break_after is not None and self.calls > break_after:
+                import socket
+                puller._sock.shutdown(socket.SHUT_RDWR)     # the connection dies under the C core
+            answers = real(puller, pulls, **kw)
+            self.with_body += sum(a.body is not None for a in answers)
+            return answers
+        monkeypatch.setattr(native_pull.NativePuller, "firsts", counted)
+
+
+def _read_many(backend, topic, windows, sub):
+    from rmq_source.backend import RangeRead
+    short = []
+    ranges = [RangeRead(MessageQueue(topic, "broker-a", q), s, e,
+                        lambda *a: pytest.fail(f"data loss {a}"), lambda *a, q=q: short.append((q, *a[:2])))
+              for q, s, e in windows]
+    rows = []
+    for batch in backend.read_many(ranges, subscription=sub, batch_rows=8192, batch_bytes=1 << 22,
+                                   verify_crc=True):
+        rows.extend(zip(batch.column("queueId").to_pylist(), batch.column("queueOffset").to_pylist(),
+                        batch.column("body").to_pylist(), batch.column("tags").to_pylist()))
+    return rows, short
+
+
+@pytest.mark.parametrize("sub", ["*", "b || c"])
+@pytest.mark.parametrize("broken", [None, 1], ids=["whole", "connection-broken"])
+def test_first_pulls_of_small_ranges_sent_together_give_the_rows_of_each_range(rocketmq, filled, monkeypatch,
+                                                                               sub, broken):
+    """Many small ranges of both queues (a task over a thousand queues with a few messages each):
+    their first pulls go together on one connection and give the rows each range gives alone, in
+    range order, also where one answer does not complete its range (20 KiB bodies: the broker caps
+    an answer by bytes) or a filter leaves messages out, where a range ends past the queue's end
+    (a short read, said once) and where the connection breaks under them (each range then pulled
+    its usual way)."""
+    topic, sent = filled
+    firsts = _Firsts(monkeypatch, break_after=broken)
+    windows = [(q, s, s + n) for s in range(0, 600, 37) for q in range(QUEUES) for n in (1, 5, 32)
+               if s + n <= PER_QUEUE][:150]
+    windows.append((1, PER_QUEUE - 2, PER_QUEUE + 3))           # past the end: a short read
+    rows, short = _read_many(_backend(rocketmq, True), topic, windows, sub)
+    wanted = set(sub.replace(" ", "").split("||"))
+    expected = [(q, o, sent[q][o][0], sent[q][o][1]) for q, s, e in windows for o in range(s, min(e, PER_QUEUE))
+                if sub == "*" or sent[q][o][1] in wanted]
+    assert rows == expected
+    assert short == [(1, PER_QUEUE, PER_QUEUE + 3)]
+    assert firsts.calls >= 2 and (firsts.with_body > len(windows) // 2 if broken is None else True)
+    python_rows, _ = _read_many(_backend(rocketmq, False), topic, windows, sub)
+    assert python_rows == expected

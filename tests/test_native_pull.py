@@ -463,3 +463,76 @@ def test_no_nameserver_when_c_pulls_start_is_the_python_clients_clear_error():
     pulls = backend._pulls(MessageQueue("T", "b", 0), 0, 10, Subscription.parse("*"))
     with pytest.raises(RmqRemotingConnectionError, match="no NameServer answered .*127.0.0.1:1"):
         next(pulls)
+
+
+def _templates(n: int):
+    """First pulls of queues 0..n-1 of topic T: (template, offset, count) each."""
+    return [(pull_template(rq.pull_fields("g", "T", q, 0, subscription="*")), 10 * q, 4) for q in range(n)]
+
+
+@given(st.permutations(range(12)), st.sets(st.integers(0, 11)), st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_first_pulls_sent_together_match_answers_in_any_order(order, not_found, ask_meanwhile):
+    """The first pulls of 12 ranges (3 of them answered at a time here, held back and sent in any
+    order; some not found; a two-way request of the peer in between, which is answered "not
+    supported", and an answer to nothing, which is dropped): each range gets its own answer."""
+    pulls = _templates(12)
+    held, refused = [], []
+
+    def serve(conn, req):
+        if req.flag & 1:                   # our answer to the peer's request
+            refused.append(req)
+            return
+        held.append(req)
+        if len(held) == 3 or int(req.ext_fields["queueId"]) == 11:      # (the last one asked)
+            if ask_meanwhile and not refused:
+                conn.sendall(frames.encode(RemotingCommand(34, {}, opaque=777, flag=0, language="JAVA")))
+            conn.sendall(frames.encode(RemotingCommand(0, {"nextBeginOffset": "5"}, b"x", opaque=99999,
+                                                       flag=1, language="JAVA")))
+            rank = {q: i for i, q in enumerate(order)}
+            for r in sorted(held, key=lambda r: rank[int(r.ext_fields["queueId"])]):
+                q = int(r.ext_fields["queueId"])
+                conn.sendall(pull_answer(r, n_messages=0 if q in not_found else 10 * q + 3, cap=32,
+                                         code=rq.PULL_NOT_FOUND if q in not_found else 0))
+            held.clear()
+
+    b = Broker(serve)
+    try:
+        p = NativePuller(b.addr, connect_timeout=5)
+        answers = p.firsts(pulls, in_flight=3, timeout_s=5, what="12 queues")
+        for q, a in enumerate(answers):
+            if q in not_found:
+                assert (a.code, a.body) == (rq.PULL_NOT_FOUND, None), (q, a)
+            else:
+                assert (a.code, a.next, a.body) == (0, 10 * q + 3, joined(10 * q, 10 * q + 3)), (q, a)
+        assert [int(r.ext_fields["queueOffset"]) for r in b.requests if not r.flag & 1] == \
+            [10 * q for q in range(12)]
+        # the puller goes on with a range afterwards
+        p.close()
+    finally:
+        b.close()
+    if ask_meanwhile:
+        deadline = time.monotonic() + 10
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert refused and refused[0].code == 3 and refused[0].opaque == 777
+        assert "34 not supported" in refused[0].remark
+
+
+@pytest.mark.parametrize("peer, error, words", [
+    ("silent", RmqRemotingTimeoutError, "no answer in 300 ms to PULL_MESSAGE at queue offset 0 (first pull 1 of 4)"),
+    ("closes", RmqRemotingConnectionError, "connection closed by the peer"),
+    ("garbage", RmqRemotingProtocolError, "frame length"),
+])
+def test_first_pulls_a_peer_fails_are_an_error_naming_them(broker, peer, error, words):
+    def serve(conn, req):
+        if peer == "closes":
+            conn.shutdown(socket.SHUT_RDWR)
+            return False
+        if peer == "garbage":
+            conn.sendall(struct.pack(">i", 1 << 30))
+    b = broker(serve)
+    p = NativePuller(b.addr, connect_timeout=5)
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")) as info:
+        p.firsts(_templates(4), in_flight=2, timeout_s=0.3, what="4 queues of b")
+    assert "4 queues of b" in str(info.value) and p.closed

@@ -477,17 +477,18 @@ int rmq_puller_send(rmq_puller *p, const uint8_t *buf, int64_t len, int32_t time
     return np_send_all(p, buf, len, np_now_ms() + timeout_ms, err);
 }
 
-static int np_send_pull(rmq_puller *p, int64_t offset, int32_t nums, rmq_error *err) {
+/* Write one PULL_MESSAGE: the template tmpl[0, tmpl_len) with the opaque, the queue offset and
+ * the count inserted at cut[0..2]. */
+static int np_write_pull(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const int32_t *cut,
+                         int32_t opaque, int64_t offset, int32_t nums, int64_t deadline, rmq_error *err) {
     char num[3][24];
     int nl[3];
-    int32_t opaque = p->next_opaque;
-    p->next_opaque = p->next_opaque >= INT32_MAX - 1 ? 1 : p->next_opaque + 1;
     nl[0] = snprintf(num[0], sizeof num[0], "%d", (int)opaque);
     nl[1] = snprintf(num[1], sizeof num[1], "%lld", (long long)offset);
     nl[2] = snprintf(num[2], sizeof num[2], "%d", (int)nums);
     uint8_t frame[8 + 4096 + 72];
     uint8_t *big = NULL, *f = frame;
-    int64_t hlen = p->tmpl_len + nl[0] + nl[1] + nl[2];
+    int64_t hlen = tmpl_len + nl[0] + nl[1] + nl[2];
     if (8 + hlen > (int64_t)sizeof frame) {
         big = malloc((size_t)(8 + hlen));
         if (!big) return np_err(p, err, RMQ_E_NOMEM, 0, "%s", "out of memory");
@@ -497,17 +498,29 @@ static int np_send_pull(rmq_puller *p, int64_t offset, int32_t nums, rmq_error *
     np_put32(f + 4, (uint32_t)hlen);   /* serialize type 0: JSON */
     int64_t w = 8, from = 0;
     for (int i = 0; i < 3; i++) {
-        memcpy(f + w, p->tmpl + from, (size_t)(p->cut[i] - from));
-        w += p->cut[i] - from;
+        memcpy(f + w, tmpl + from, (size_t)(cut[i] - from));
+        w += cut[i] - from;
         memcpy(f + w, num[i], (size_t)nl[i]);
         w += nl[i];
-        from = p->cut[i];
+        from = cut[i];
     }
-    memcpy(f + w, p->tmpl + from, (size_t)(p->tmpl_len - from));
-    w += p->tmpl_len - from;
-    int64_t now = np_now_ms();
-    int rc = np_send_all(p, f, w, now + p->timeout_ms, err);
+    memcpy(f + w, tmpl + from, (size_t)(tmpl_len - from));
+    w += tmpl_len - from;
+    int rc = np_send_all(p, f, w, deadline, err);
     free(big);
+    return rc;
+}
+
+static int32_t np_opaque(rmq_puller *p) {
+    int32_t opaque = p->next_opaque;
+    p->next_opaque = p->next_opaque >= INT32_MAX - 1 ? 1 : p->next_opaque + 1;
+    return opaque;
+}
+
+static int np_send_pull(rmq_puller *p, int64_t offset, int32_t nums, rmq_error *err) {
+    int32_t opaque = np_opaque(p);
+    int64_t now = np_now_ms();
+    int rc = np_write_pull(p, p->tmpl, p->tmpl_len, p->cut, opaque, offset, nums, now + p->timeout_ms, err);
     if (rc) return rc;
     np_slot *s = &p->slots[(p->head + p->count) % NP_MAX_SLOTS];
     s->opaque = opaque;
@@ -743,4 +756,116 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
         if (r < 0) return -r;
         if (r) { o->data = p->out; o->status = RMQ_PULL_DATA; return RMQ_OK; }
     }
+}
+
+/* ------------------------------------------------------------- first pulls of many ranges */
+
+/* Answer a two-way request of the server "not supported" (a pull connection serves none). */
+static int np_refuse(rmq_puller *p, int32_t code, int32_t opaque, int64_t deadline, rmq_error *err) {
+    char h[256];
+    int n = snprintf(h, sizeof h, "{\"code\":3,\"extFields\":{},\"flag\":1,\"language\":\"PYTHON\","
+                     "\"opaque\":%d,\"remark\":\"request code %d not supported by this client\","
+                     "\"serializeTypeCurrentRPC\":\"JSON\",\"version\":401}", (int)opaque, (int)code);
+    uint8_t f[8 + sizeof h];
+    np_put32(f, (uint32_t)(4 + n));
+    np_put32(f + 4, (uint32_t)n);
+    memcpy(f + 8, h, (size_t)n);
+    return np_send_all(p, f, 8 + n, deadline, err);
+}
+
+int rmq_puller_firsts(rmq_puller *p, rmq_first_pull *pulls, int32_t n, int32_t in_flight,
+                      int32_t timeout_ms, const uint8_t **bodies, rmq_error *err) {
+    clear_err(err);
+    if (!p || !pulls || !bodies || n < 0 || n > RMQ_FIRSTS_MAX || in_flight < 1 ||
+        in_flight > NP_MAX_SLOTS || timeout_ms < 1)
+        return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad first pulls arguments");
+    for (int32_t i = 0; i < n; i++) {
+        const rmq_first_pull *q = &pulls[i];
+        if (!q->tmpl || q->tmpl_len < 1 || q->tmpl_len > (1 << 20) || q->cuts[0] < 0 ||
+            q->cuts[0] > q->cuts[1] || q->cuts[1] > q->cuts[2] || q->cuts[2] > q->tmpl_len ||
+            q->offset < 0 || q->nums < 1)
+            return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad first pull arguments");
+    }
+    if (p->dead) return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "the puller failed before");
+    /* the range pulled before is left: its answers still to come are dropped below */
+    np_drop_slots(p);
+    if (p->held_status == RMQ_PULL_ANSWER) p->held_status = -1;
+    p->need_seek = 1;
+    int32_t op[NP_MAX_SLOTS], at[NP_MAX_SLOTS];
+    int64_t due[NP_MAX_SLOTS];
+    int32_t flying = 0, sent = 0, done = 0;
+    int64_t out_len = 0;
+    for (int32_t i = 0; i < n; i++) {
+        pulls[i].code = -1;
+        pulls[i].next_begin = pulls[i].suggest = -1;
+        pulls[i].body_at = pulls[i].body_len = 0;
+    }
+    *bodies = p->out;
+    while (done < n) {
+        while (flying < in_flight && sent < n) {
+            rmq_first_pull *q = &pulls[sent];
+            int32_t opaque = np_opaque(p);
+            int64_t deadline = np_now_ms() + timeout_ms;
+            int rc = np_write_pull(p, q->tmpl, q->tmpl_len, q->cuts, opaque, q->offset, q->nums,
+                                   deadline, err);
+            if (rc) return rc;
+            op[flying] = opaque;
+            at[flying] = sent++;
+            due[flying++] = deadline;
+        }
+        const uint8_t *frame;
+        int64_t len;
+        int rc = np_frame(p, &frame, &len, err);
+        if (rc) return rc;
+        if (!frame) {
+            int64_t first_due = due[0];
+            int32_t late = 0;
+            for (int32_t k = 1; k < flying; k++)
+                if (due[k] < first_due) { first_due = due[k]; late = k; }
+            rc = np_fill(p, first_due, err);
+            if (rc == RMQ_E_TIMEOUT) {
+                char what[128];
+                snprintf(what, sizeof what, "no answer in %d ms to PULL_MESSAGE at queue offset %lld "
+                         "(first pull %d of %d)", (int)timeout_ms, (long long)pulls[at[late]].offset,
+                         (int)at[late] + 1, (int)n);
+                return np_err(p, err, RMQ_E_TIMEOUT, 0, "%s", what);
+            }
+            if (rc) return rc;
+            continue;
+        }
+        rmq_net_header h;
+        rc = rmq_net_parse_header(frame, len, &h, err);
+        if (rc) {
+            p->dead = 1;
+            return rc;
+        }
+        if (!(h.flag & 1)) {                       /* a request of the server */
+            if (!(h.flag & 2) && (rc = np_refuse(p, h.code, h.opaque, np_now_ms() + timeout_ms, err)))
+                return rc;
+            continue;
+        }
+        int32_t k = 0;
+        while (k < flying && op[k] != h.opaque) k++;
+        if (k == flying) continue;                 /* an answer no longer wanted */
+        rmq_first_pull *q = &pulls[at[k]];
+        q->code = h.code;
+        q->next_begin = h.has_next_begin ? h.next_begin_offset : -1;
+        q->suggest = h.suggest_broker_id;
+        if (h.code == 0 && h.has_next_begin && h.next_begin_offset > q->offset) {
+            int64_t blen = len - 4 - h.header_len;
+            if (np_reserve(&p->out, &p->out_cap, out_len + blen + 1))
+                return np_err(p, err, RMQ_E_NOMEM, 0, "%s", "out of memory");
+            memcpy(p->out + out_len, frame + 4 + h.header_len, (size_t)blen);
+            q->body_at = out_len;
+            q->body_len = blen;
+            out_len += blen;
+        }
+        flying--;
+        op[k] = op[flying];
+        at[k] = at[flying];
+        due[k] = due[flying];
+        done++;
+    }
+    *bodies = p->out;
+    return RMQ_OK;
 }

@@ -73,6 +73,7 @@ OUTAGE_LOG_S = 15.0     # and says so this often
 NO_MASTER_RECHECK_S = 1.0
 COALESCE_BYTES = 16 << 20     # pull answers decoded together, at most
 FANOUT_THREADS = 8            # brokers asked side by side (_each_broker)
+FIRSTS_MAX = 64               # first pulls of small ranges sent together, at most (read_many)
 _TEMPLATES_KEPT = 1 << 16     # pull templates kept (one per queue and subscription read)
 _NO_TEMPLATE = object()
 PULL_GROUP = "rmq_source_reader"   # pulls without consumerGroup name it; the subscription travels in each request
@@ -1008,19 +1009,93 @@ class ClusterBackend(Backend):
 
     def read_many(self, ranges, *, subscription, batch_rows: int, batch_bytes: int, verify_crc: bool,
                   columns=None) -> Iterator:
-        """:meth:`Backend.read_many`, the small ranges read ahead several at once
-        (:mod:`rmq_source.remote.read_ahead`) and the decoded rows of consecutive ranges of one
-        broker made full rows together (one conversion for many small ranges)."""
+        """:meth:`Backend.read_many`. Small ranges (at most ``read_ahead.SMALL_RANGE`` messages) of
+        a broker pulled by the C core have their first pulls sent together (:meth:`_firsts`): a
+        range that one answer completes costs no round trip of its own; other small ranges are
+        read ahead several at once (:mod:`rmq_source.remote.read_ahead`). The decoded rows of
+        consecutive ranges of one broker are made full rows together."""
+        from rmq_source.store import native
+        sub = subscription if isinstance(subscription, Subscription) else Subscription.parse(subscription)
+        kw = dict(subscription=sub, batch_rows=batch_rows, batch_bytes=batch_bytes, verify_crc=verify_crc,
+                  columns=columns)
+        tags = tuple(sub.tags) if sub.tag_filter else None
+        skip = native.skip_bits(columns)
         pool = self._pool("_read_ahead", read_ahead.pool)
 
-        def one(r):
-            for batch in self._read_native(r.mq, r.start, r.end, subscription=subscription,
-                                           batch_rows=batch_rows, batch_bytes=batch_bytes,
-                                           verify_crc=verify_crc, on_data_loss=r.on_data_loss,
-                                           on_short_read=r.on_short_read, columns=columns):
-                yield batch, r.mq
-        return read_ahead.full_rows(read_ahead.in_range_order(list(ranges), one, pool),
-                                    batch_rows, batch_bytes)
+        def one(r, first=None):
+            go_on = r.start
+            if first is not None and first.body is not None:
+                # what _read_native makes of a SUCCESS answer at the range's start
+                batch, after = self._decode(r.mq, first.body, r.start, r.end, tags, verify_crc, skip)
+                if batch is not None:
+                    yield batch, r.mq
+                if first.suggest != self._pull_from.get(r.mq, 0):
+                    self._follow(r.mq, rq.PullResult(rq.SUCCESS, first.next, 0, 0, first.suggest))
+                go_on = max(first.next, after)
+            if go_on < r.end:
+                for batch in self._read_native(r.mq, go_on, r.end, on_data_loss=r.on_data_loss,
+                                               on_short_read=r.on_short_read, **kw):
+                    yield batch, r.mq
+
+        def parts():
+            todo = list(ranges)
+            i = 0
+            while i < len(todo):
+                addr = self._first_pull_addr(todo[i], sub)
+                j = i + 1
+                while (j < len(todo) and j - i < FIRSTS_MAX and addr is not None
+                       and self._first_pull_addr(todo[j], sub) == addr):
+                    j += 1
+                if addr is not None and j - i >= 2:
+                    chunk = todo[i:j]
+                    for r, first in zip(chunk, self._firsts(addr, chunk, sub)):
+                        yield from one(r, first)
+                else:
+                    while j < len(todo) and self._first_pull_addr(todo[j], sub) is None:
+                        j += 1
+                    yield from read_ahead.in_range_order(todo[i:j], one, pool)
+                i = j
+        return read_ahead.full_rows(parts(), batch_rows, batch_bytes)
+
+    def _first_pull_addr(self, r, sub: Subscription) -> str | None:
+        """The broker whose C core pulls the small range ``r`` starts with (its first pull may go
+        with others'), or None: a larger range, signed pulls, pulls sent to a slave or one at a
+        time (a Proxy), no master known."""
+        if (r.end - r.start > read_ahead.SMALL_RANGE or not self.spec.native_pulls
+                or self.spec.credentials is not None or self._slave_addr(r.mq) is not None
+                or self._template(r.mq, sub) is None):
+            return None
+        self._note_topic(r.mq)
+        try:
+            addr = self.broker_addr(r.mq.broker_name)
+        except (RmqBrokerUnavailableError, RmqRemotingError):
+            return None                  # (its usual way says what is wrong, or waits)
+        if r.mq.broker_name in self._down or self._in_flight_to(addr) < 2:
+            return None
+        return addr
+
+    def _firsts(self, addr: str, chunk: list, sub: Subscription) -> list:
+        """The answers to the first pulls of the ranges of ``chunk`` at ``addr``, sent together
+        on one connection (:meth:`NativePuller.firsts`); Nones when the connection fails (each
+        range is then pulled its usual way, which retries)."""
+        pulls = [(self._template(r.mq, sub), r.start, min(PULL_BATCH, r.end - r.start)) for r in chunk]
+        broken = (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqRemotingProtocolError)
+        for attempt in (0, 1):
+            reused = False
+            try:
+                puller, reused = self._take_puller(addr)
+                answers = puller.firsts(
+                    pulls, in_flight=min(self.spec.pulls_in_flight * 4, native_pull.MAX_IN_FLIGHT),
+                    timeout_s=self.spec.timeout_s, what=f"{len(chunk)} queues of {chunk[0].mq.broker_name}")
+                self._give_back({addr: puller})
+                return answers
+            except broken as exc:
+                # a reused connection the broker closed while idle fails at once: made again once
+                if attempt == 0 and reused and not isinstance(exc, RmqRemotingTimeoutError):
+                    continue
+                log.info("first pulls of %d ranges at %s failed (%s); each is pulled its usual way",
+                         len(chunk), addr, exc)
+        return [None] * len(chunk)
 
     def _pool(self, attr: str, make) -> ThreadPoolExecutor:
         """The thread pool kept in ``attr``, made by ``make()`` on first use."""
@@ -1041,6 +1116,18 @@ class ClusterBackend(Backend):
                                        columns=columns):
             yield native_rows(batch, mq.topic, mq.broker_name, mq.queue_id)
 
+    def _decode(self, mq: MessageQueue, body: bytes, first: int, end: int, tags, verify_crc: bool,
+                skip: int):
+        """(the C core's batch of the records of pull answers ``body`` from queue offset ``first``
+        within ``end``, or None when it has no rows; the queue offset after the last record)."""
+        from rmq_source.store import native
+        where = (f"pull answer(s) of {mq} from offset {first} "
+                 f"(broker {self.describe(mq.broker_name)}; byte positions in the answers joined)")
+        batch, after = native.decode_records(body, where=where, topic=mq.topic, queue_id=mq.queue_id,
+                                             start=first, end=end, tags=tags, verify_crc=verify_crc,
+                                             skip=skip)
+        return (batch if batch.num_rows else None), after
+
     def _read_native(self, mq, start, end, *, subscription, batch_rows, batch_bytes, verify_crc,
                      on_data_loss, on_short_read, columns=None) -> Iterator:
         """:meth:`read` in the C core's columns (NATIVE_SCHEMA: bodies as stored, no topic nor
@@ -1056,13 +1143,8 @@ class ClusterBackend(Backend):
 
         def decode():
             body = pending[0] if len(pending) == 1 else b"".join(pending)
-            where = (f"pull answer(s) of {mq} from offset {first[0]} "
-                     f"(broker {self.describe(mq.broker_name)}; byte positions in the answers joined)")
-            batch, after = native.decode_records(body, where=where, topic=mq.topic,
-                                                 queue_id=mq.queue_id, start=first[0], end=end,
-                                                 tags=tags, verify_crc=verify_crc, skip=skip)
             pending.clear()
-            return (batch if batch.num_rows else None), after
+            return self._decode(mq, body, first[0], end, tags, verify_crc, skip)
 
         pulls = _explain_filter_refusal(self._pulls(mq, start, end, sub, batch_rows, limit_bytes), mq)
         try:

@@ -85,6 +85,15 @@ class Data:
 
 
 @dataclass
+class First:
+    """The answer to the first pull of a range (:meth:`NativePuller.firsts`)."""
+    code: int           # -1: none came
+    next: int           # its nextBeginOffset (-1: none)
+    suggest: int        # its suggestWhichBrokerId
+    body: bytes | None  # a SUCCESS answer's records when it moved past the offset asked, else None
+
+
+@dataclass
 class Answer:
     asked: int
     command: RemotingCommand
@@ -168,6 +177,36 @@ class NativePuller:
         if o.status == lib.RMQ_PULL_ANSWER:
             return Answer(o.asked, cmd)
         return ServerRequest(cmd)
+
+    def firsts(self, pulls: list[tuple[tuple[bytes, tuple[int, int, int]], int, int]], *, in_flight: int,
+               timeout_s: float, what: str) -> list[First]:
+        """The first pull of each of several ranges of this broker, sent together: ``pulls`` is
+        (template, queue offset, messages asked) per range (``what`` names them in errors), at
+        most ``in_flight`` unanswered. Leaves the range pulled before (:meth:`range` again
+        before :meth:`next`)."""
+        ffi, lib = self._ffi, self._lib
+        if not 1 <= in_flight <= MAX_IN_FLIGHT:
+            raise ValueError(f"in_flight must be in [1, {MAX_IN_FLIGHT}], got {in_flight}")
+        if len(pulls) > lib.RMQ_FIRSTS_MAX:
+            raise ValueError(f"at most {lib.RMQ_FIRSTS_MAX} first pulls a call, got {len(pulls)}")
+        arr = ffi.new("rmq_first_pull[]", len(pulls))
+        keep = []
+        for item, ((tmpl, cuts), offset, nums) in zip(arr, pulls):
+            buf = ffi.from_buffer("uint8_t[]", tmpl)
+            keep.append(buf)
+            item.tmpl, item.tmpl_len = buf, len(tmpl)
+            item.cuts = list(cuts)
+            item.offset, item.nums = offset, nums
+        bodies = ffi.new("uint8_t **")
+        self.range_desc = f"PULL_MESSAGE of {what}"
+        self._check(lib.rmq_puller_firsts(self._live(), arr, len(pulls), in_flight,
+                                          max(1, int(timeout_s * 1000)), bodies, self._err))
+        out = []
+        for item in arr:
+            body = (bytes(ffi.buffer(bodies[0] + item.body_at, item.body_len))
+                    if item.body_len else None)
+            out.append(First(item.code, item.next_begin, item.suggest, body))
+        return out
 
     def refuse(self, request: RemotingCommand) -> None:
         """Answer a request of the server "not supported" (a pull connection serves none). A
