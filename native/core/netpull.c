@@ -616,6 +616,23 @@ static int np_fill(rmq_puller *p, int64_t deadline, rmq_error *err) {
     }
 }
 
+/* The next frame received (after its length field) with its header, waiting until deadline (ms,
+ * monotonic): RMQ_E_TIMEOUT when none came by then (the puller still usable; the caller names
+ * what was awaited), other errors leave the puller failed. */
+static int np_await_frame(rmq_puller *p, int64_t deadline, const uint8_t **frame, int64_t *len,
+                          rmq_net_header *h, rmq_error *err) {
+    for (;;) {
+        int rc = np_frame(p, frame, len, err);
+        if (rc) return rc;
+        if (*frame) break;
+        rc = np_fill(p, deadline, err);
+        if (rc) return rc;
+    }
+    int rc = rmq_net_parse_header(*frame, *len, h, err);
+    if (rc) p->dead = 1;
+    return rc;
+}
+
 static int np_hold(rmq_puller *p, const uint8_t *frame, int64_t len, int status, int64_t asked,
                    rmq_error *err) {
     if (np_reserve(&p->held, &p->held_cap, len > 0 ? len : 1))
@@ -716,25 +733,15 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
         }
         const uint8_t *frame;
         int64_t len;
-        int rc = np_frame(p, &frame, &len, err);
-        if (rc) return rc;
-        if (!frame) {
-            rc = np_fill(p, head->deadline_ms, err);
-            if (rc == RMQ_E_TIMEOUT) {
-                char what[96];
-                snprintf(what, sizeof what, "no answer in %d ms to PULL_MESSAGE at queue offset %lld",
-                         (int)p->timeout_ms, (long long)head->asked);
-                return np_err(p, err, RMQ_E_TIMEOUT, 0, "%s", what);
-            }
-            if (rc) return rc;
-            continue;
-        }
         rmq_net_header h;
-        rc = rmq_net_parse_header(frame, len, &h, err);
-        if (rc) {
-            p->dead = 1;
-            return rc;
+        int rc = np_await_frame(p, head->deadline_ms, &frame, &len, &h, err);
+        if (rc == RMQ_E_TIMEOUT) {
+            char what[96];
+            snprintf(what, sizeof what, "no answer in %d ms to PULL_MESSAGE at queue offset %lld",
+                     (int)p->timeout_ms, (long long)head->asked);
+            return np_err(p, err, RMQ_E_TIMEOUT, 0, "%s", what);
         }
+        if (rc) return rc;
         if (!(h.flag & 1)) {                       /* a request of the server */
             if (h.flag & 2) continue;              /* oneway: nothing to answer */
             if ((rc = np_hold(p, frame, len, RMQ_PULL_REQUEST, -1, err))) return rc;
@@ -813,32 +820,21 @@ int rmq_puller_firsts(rmq_puller *p, rmq_first_pull *pulls, int32_t n, int32_t i
             at[flying] = sent++;
             due[flying++] = deadline;
         }
+        int32_t late = 0;           /* the pull answered latest by now */
+        for (int32_t k = 1; k < flying; k++)
+            if (due[k] < due[late]) late = k;
         const uint8_t *frame;
         int64_t len;
-        int rc = np_frame(p, &frame, &len, err);
-        if (rc) return rc;
-        if (!frame) {
-            int64_t first_due = due[0];
-            int32_t late = 0;
-            for (int32_t k = 1; k < flying; k++)
-                if (due[k] < first_due) { first_due = due[k]; late = k; }
-            rc = np_fill(p, first_due, err);
-            if (rc == RMQ_E_TIMEOUT) {
-                char what[128];
-                snprintf(what, sizeof what, "no answer in %d ms to PULL_MESSAGE at queue offset %lld "
-                         "(first pull %d of %d)", (int)timeout_ms, (long long)pulls[at[late]].offset,
-                         (int)at[late] + 1, (int)n);
-                return np_err(p, err, RMQ_E_TIMEOUT, 0, "%s", what);
-            }
-            if (rc) return rc;
-            continue;
-        }
         rmq_net_header h;
-        rc = rmq_net_parse_header(frame, len, &h, err);
-        if (rc) {
-            p->dead = 1;
-            return rc;
+        int rc = np_await_frame(p, due[late], &frame, &len, &h, err);
+        if (rc == RMQ_E_TIMEOUT) {
+            char what[128];
+            snprintf(what, sizeof what, "no answer in %d ms to PULL_MESSAGE at queue offset %lld "
+                     "(first pull %d of %d)", (int)timeout_ms, (long long)pulls[at[late]].offset,
+                     (int)at[late] + 1, (int)n);
+            return np_err(p, err, RMQ_E_TIMEOUT, 0, "%s", what);
         }
+        if (rc) return rc;
         if (!(h.flag & 1)) {                       /* a request of the server */
             if (!(h.flag & 2) && (rc = np_refuse(p, h.code, h.opaque, np_now_ms() + timeout_ms, err)))
                 return rc;

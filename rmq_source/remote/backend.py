@@ -1080,16 +1080,17 @@ class ClusterBackend(Backend):
         range is then pulled its usual way, which retries)."""
         pulls = [(self._template(r.mq, sub), r.start, min(PULL_BATCH, r.end - r.start)) for r in chunk]
         broken = (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqRemotingProtocolError)
+        in_flight = min(self.spec.pulls_in_flight * 4, native_pull.MAX_IN_FLIGHT)
         for attempt in (0, 1):
             reused = False
             try:
                 puller, reused = self._take_puller(addr)
-                answers = puller.firsts(
-                    pulls, in_flight=min(self.spec.pulls_in_flight * 4, native_pull.MAX_IN_FLIGHT),
-                    timeout_s=self.spec.timeout_s, what=f"{len(chunk)} queues of {chunk[0].mq.broker_name}")
+                answers = puller.firsts(pulls, in_flight=in_flight, timeout_s=self.spec.timeout_s,
+                                        what=f"{len(chunk)} queues of {chunk[0].mq.broker_name}")
                 self._give_back({addr: puller})
                 return answers
             except broken as exc:
+                self._unanswered(addr, in_flight, exc)
                 # a reused connection the broker closed while idle fails at once: made again once
                 if attempt == 0 and reused and not isinstance(exc, RmqRemotingTimeoutError):
                     continue
