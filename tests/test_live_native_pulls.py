@@ -177,6 +177,7 @@ def test_first_pulls_of_small_ranges_sent_together_give_the_rows_of_each_range(r
     windows = [(q, s, s + n) for s in range(0, 600, 37) for q in range(QUEUES) for n in (1, 5, 32)
                if s + n <= PER_QUEUE][:150]
     windows.append((1, PER_QUEUE - 2, PER_QUEUE + 3))           # past the end: a short read
+    windows.insert(7, (0, 40, 40))                               # empty: nothing asked
     rows, short = _read_many(_backend(rocketmq, True), topic, windows, sub)
     wanted = set(sub.replace(" ", "").split("||"))
     expected = [(q, o, sent[q][o][0], sent[q][o][1]) for q, s, e in windows for o in range(s, min(e, PER_QUEUE))

@@ -1059,9 +1059,9 @@ class ClusterBackend(Backend):
 
     def _first_pull_addr(self, r, sub: Subscription) -> str | None:
         """The broker whose C core pulls the small range ``r`` starts with (its first pull may go
-        with others'), or None: a larger range, signed pulls, pulls sent to a slave or one at a
-        time (a Proxy), no master known."""
-        if (r.end - r.start > read_ahead.SMALL_RANGE or not self.spec.native_pulls
+        with others'), or None: an empty or larger range, signed pulls, pulls sent to a slave or
+        one at a time (a Proxy), no master known."""
+        if (not 0 < r.end - r.start <= read_ahead.SMALL_RANGE or not self.spec.native_pulls
                 or self.spec.credentials is not None or self._slave_addr(r.mq) is not None
                 or self._template(r.mq, sub) is None):
             return None

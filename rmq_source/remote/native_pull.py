@@ -192,6 +192,9 @@ class NativePuller:
         arr = ffi.new("rmq_first_pull[]", len(pulls))
         keep = []
         for item, ((tmpl, cuts), offset, nums) in zip(arr, pulls):
+            if offset < 0 or nums < 1:
+                raise ValueError(f"a first pull asks from an offset >= 0 at least 1 message, got "
+                                 f"offset {offset}, {nums} messages")
             buf = ffi.from_buffer("uint8_t[]", tmpl)
             keep.append(buf)
             item.tmpl, item.tmpl_len = buf, len(tmpl)
