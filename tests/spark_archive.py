@@ -106,7 +106,11 @@ def once(path: Path, phase: str, make) -> None:
     tried = path.with_suffix(".tried")
     if tried.exists():
         return
-    with open(path.with_suffix(".lock"), "w") as lock:
+    try:
+        lock = open(path.with_suffix(".lock"), "w")
+    except OSError:
+        return              # (the run's folder is gone: a helper outliving its run)
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)          # another process may be making it: wait
         if tried.exists():
             return

@@ -134,3 +134,13 @@ def test_the_runs_class_data_archive_maps_the_servers_classes(rocketmq_jars, lin
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr
     for cls in ("org.apache.rocketmq.broker.BrokerController", "org.apache.rocketmq.tools.admin.DefaultMQAdminExt"):
         assert f" {cls} " in listed.stdout, cls
+
+
+def test_no_archive_outside_a_run_or_when_its_folder_is_gone(tmp_path, monkeypatch):
+    """The benches' servers start without an archive; a helper whose run's folder was removed
+    starts its servers without one too, instead of failing."""
+    import spark_archive
+    monkeypatch.delenv(spark_archive.ENV, raising=False)
+    assert rocketmq_archive.java_options("9.9.9", tmp_path / "rocketmq-9.9.9") == ()
+    monkeypatch.setenv(spark_archive.ENV, str(tmp_path / "gone" / "spark.jsa"))
+    assert rocketmq_archive.java_options("9.9.9", tmp_path / "rocketmq-9.9.9") == ()
