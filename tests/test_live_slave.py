@@ -188,7 +188,7 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
     before = {b for bodies in sent.values() for b in bodies}
     group, ordered_group = f"Failover_{uuid.uuid4().hex[:8]}", f"FailoverOrdered_{uuid.uuid4().hex[:8]}"
     streams = body_streams(spark, tmp_path, cluster.namesrv_addr, topic, {
-        kind: {"maxMessagesPerTrigger": "20", **options} for kind, options in (
+        kind: {"maxMessagesPerTrigger": "40", **options} for kind, options in (
             ("no-group", {}), ("unordered", {"consumerGroup": group, "orderly": "false"}),
             ("ordered", {"consumerGroup": ordered_group}))})
     queries = [q for q, _ in streams.values()]
@@ -198,7 +198,7 @@ def test_a_dead_master_leaves_reads_and_group_streams_to_its_slave(failover_pair
         read_before = {kind: len(sink_bodies(sink)) for kind, (q, sink) in streams.items()}
         cluster.brokers["broker-f"].kill()                          # SIGKILL the master
         try:
-            # 20 messages a second at most: each stream had messages of the 400 still to read
+            # 40 messages a second at most: each stream had messages of the 400 still to read
             assert all(n < len(before) for n in read_before.values()), read_before
             got = [bytes(r.body) for r in spark.read.format("rmq").options(
                 namesrvAddr=cluster.namesrv_addr, topic=topic).load().select("body").collect()]
