@@ -242,28 +242,36 @@ def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -
     and ``max_bytes`` bytes of buffers (a slice counts its whole buffers) unless one input alone is
     larger (passed through as it is); rows keep their order. Joining copies, so only batches under
     a quarter of either limit are held back for it, and a full join goes out at once."""
-    held: list[pa.RecordBatch] = []
+    return (_joined(group) for group in join_groups(batches, max_rows, max_bytes))
+
+
+def join_groups(items: Iterable, max_rows: int, max_bytes: int, *, batch_of=lambda item: item,
+                key=None) -> Iterator[list]:
+    """Consecutive ``items`` (``batch_of(item)`` is an item's Arrow batch; those without rows are
+    left out) grouped in order for :func:`coalesce`'s joins: a group holds at most ``max_rows``
+    rows and ``max_bytes`` bytes of buffers, an item of a quarter of either or more is a group of
+    its own, a group that reaches ``max_rows`` or half of ``max_bytes`` ends; with ``key``, a
+    group's items share ``key(item)``."""
+    held: list = []
     rows = size = 0
-    for batch in batches:
+    last = None
+    for item in items:
+        batch = batch_of(item)
         n, b = batch.num_rows, batch.get_total_buffer_size()
         if not n:
             continue
-        if held and (rows + n > max_rows or size + b > max_bytes):
-            yield _joined(held)
+        alone = n * 4 >= max_rows or b * 4 >= max_bytes
+        kind = key(item) if key is not None else None
+        if held and (alone or kind != last or rows + n > max_rows or size + b > max_bytes):
+            yield held
             held, rows, size = [], 0, 0
-        if n * 4 >= max_rows or b * 4 >= max_bytes:
-            if held:
-                yield _joined(held)
-                held, rows, size = [], 0, 0
-            yield batch
-            continue
-        held.append(batch)
-        rows, size = rows + n, size + b
-        if rows >= max_rows or size >= max_bytes // 2:
-            yield _joined(held)
+        held.append(item)
+        last, rows, size = kind, rows + n, size + b
+        if alone or rows >= max_rows or size >= max_bytes // 2:
+            yield held
             held, rows, size = [], 0, 0
     if held:
-        yield _joined(held)
+        yield held
 
 
 def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

@@ -807,7 +807,6 @@ int rmq_puller_firsts(rmq_puller *p, rmq_first_pull *pulls, int32_t n, int32_t i
         pulls[i].next_begin = pulls[i].suggest = -1;
         pulls[i].body_at = pulls[i].body_len = 0;
     }
-    *bodies = p->out;
     while (done < n) {
         while (flying < in_flight && sent < n) {
             rmq_first_pull *q = &pulls[sent];

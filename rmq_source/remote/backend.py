@@ -1039,19 +1039,24 @@ class ClusterBackend(Backend):
 
         def parts():
             todo = list(ranges)
+            addrs: dict[int, str | None] = {}     # (each range's looked at once, when reached)
+
+            def addr_of(k: int) -> str | None:
+                if k not in addrs:
+                    addrs[k] = self._first_pull_addr(todo[k], sub)
+                return addrs[k]
             i = 0
             while i < len(todo):
-                addr = self._first_pull_addr(todo[i], sub)
+                addr = addr_of(i)
                 j = i + 1
-                while (j < len(todo) and j - i < FIRSTS_MAX and addr is not None
-                       and self._first_pull_addr(todo[j], sub) == addr):
+                while j < len(todo) and j - i < FIRSTS_MAX and addr is not None and addr_of(j) == addr:
                     j += 1
                 if addr is not None and j - i >= 2:
                     chunk = todo[i:j]
                     for r, first in zip(chunk, self._firsts(addr, chunk, sub)):
                         yield from one(r, first)
                 else:
-                    while j < len(todo) and self._first_pull_addr(todo[j], sub) is None:
+                    while j < len(todo) and addr_of(j) is None:
                         j += 1
                     yield from read_ahead.in_range_order(todo[i:j], one, pool)
                 i = j

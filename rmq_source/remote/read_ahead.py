@@ -63,24 +63,12 @@ def in_range_order(ranges: Sequence, read: Callable[[object], Iterator[pa.Record
 def full_rows(parts: Iterator[tuple[pa.RecordBatch, object]], max_rows: int, max_bytes: int
               ) -> Iterator[pa.RecordBatch]:
     """``parts``, (C core batch, its queue) in order, as full rows in the same order: consecutive
-    parts of one broker are converted together (:func:`native_rows_of_queues`) while they hold
-    at most ``max_rows`` rows and ``max_bytes`` bytes of buffers; a part of a quarter of either
-    or more goes alone (joining copies)."""
+    parts of one broker are converted together (:func:`native_rows_of_queues`), grouped as
+    :func:`rmq_source.backend.coalesce` joins batches (within ``max_rows`` rows and ``max_bytes``
+    bytes of buffers; a part of a quarter of either or more goes alone: joining copies)."""
+    from rmq_source.backend import join_groups
     from rmq_source.store.reader import native_rows_of_queues
-    held: list = []
-    broker, rows, size = None, 0, 0
-    for batch, mq in parts:
-        n, b = batch.num_rows, batch.get_total_buffer_size()
-        if not n:
-            continue
-        alone = n * 4 >= max_rows or b * 4 >= max_bytes
-        if held and (alone or mq.broker_name != broker or rows + n > max_rows or size + b > max_bytes):
-            yield native_rows_of_queues(held, broker)
-            held, rows, size = [], 0, 0
-        held.append((batch, mq.topic, np.full(n, mq.queue_id, dtype=np.int32)))
-        broker, rows, size = mq.broker_name, rows + n, size + b
-        if alone or rows >= max_rows or size >= max_bytes // 2:
-            yield native_rows_of_queues(held, broker)
-            held, rows, size = [], 0, 0
-    if held:
-        yield native_rows_of_queues(held, broker)
+    for group in join_groups(parts, max_rows, max_bytes, batch_of=lambda part: part[0],
+                             key=lambda part: part[1].broker_name):
+        yield native_rows_of_queues([(batch, mq.topic, np.full(batch.num_rows, mq.queue_id, dtype=np.int32))
+                                     for batch, mq in group], group[0][1].broker_name)
