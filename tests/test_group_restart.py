@@ -7,6 +7,7 @@ a process killed with SIGKILL leaves it. Real kill -9 runs are in test_fault_res
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -146,3 +147,82 @@ def test_available_now_restart_reads_the_dead_members_queues(store, orderly):
         restarted.stop()
     assert sorted(seen) == [(q, o) for q in range(4) for o in range(10, 20)]
     assert time.time() - began < 3 * LEASE_MS / 1000 + 5
+
+
+@pytest.mark.parametrize("starting, progress_before, other_reads, read_again", [
+    # the start is the group's progress: what another member read since is not read again
+    ("group", None, True, []),
+    ("group", None, False, [(q, 0, 20) for q in range(4)]),
+    # the start was forced below the group's progress: re-run as planned unless the group moved
+    ("earliest", 10, False, [(q, 0, 20) for q in range(4)]),
+    ("earliest", 10, True, []),
+])
+def test_a_stopped_first_batch_rerun_leaves_out_what_another_member_read(
+        store, caplog, starting, progress_before, other_reads, read_again):
+    """A query stopped cleanly after Spark logged its first batch and before it committed it (its
+    locks released, as query.stop() does); another member then reads its queues from the group's
+    progress and commits. The restart (same client id) re-runs the logged batch: a queue the
+    group moved past the batch's start, or past the progress a forced start was planned under,
+    was read by the other member and is left out; one nobody read is read as planned."""
+    if progress_before is not None:
+        setter = _reader(store, "setter")
+        mqs = list(from_json_dict(setter.initialOffset()))
+        for mq in mqs:
+            setter.group_store.update_offset(mq, progress_before, increase_only=False)
+        setter.group_store.persist(mqs)
+        setter.stop()
+    caplog.set_level(logging.WARNING, logger="rmq_source")
+    starting = dict(startingOffsets=starting, **({"consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET"}
+                                                  if starting == "group" else {}))
+    first = _reader(store, "a", **starting)
+    start = first.initialOffset()
+    end = first.latestOffset(start, ReadAllAvailable())
+    assert _ranges(first.partitions(start, end)) == [(q, 0, 20) for q in range(4)]
+    first.stop()                                     # stopped between logging and committing
+    other_to = None
+    if other_reads:
+        other = _reader(store, "b", startingOffsets="group", maxMessagesPerTrigger="28",
+                        consumeFromWhere="CONSUME_FROM_FIRST_OFFSET")
+        try:
+            o_start = other.initialOffset()
+            o_end = other.latestOffset(o_start, other.getDefaultReadLimit())   # 7 of each queue
+            got = sorted(_rows(other, other.partitions(o_start, o_end)))
+            other_to = (progress_before or 0) + 7
+            assert got == [(q, o) for q in range(4) for o in range(progress_before or 0, other_to)]
+            other.commit(o_end)
+            other.latestOffset(o_end, other.getDefaultReadLimit())   # writes the group's progress
+        finally:
+            other.stop()
+    restarted = _reader(store, "a", **starting)
+    try:
+        parts = restarted.partitions(restarted.initialOffset(), end)
+        assert _ranges(parts) == read_again
+        if other_reads:
+            assert "another member read it" in caplog.text
+        restarted.latestOffset(end, ReadAllAvailable())
+        progress = restarted.group_store.read_offsets(list(from_json_dict(end)),
+                                                      ReadOffsetType.READ_FROM_STORE)
+        # (the other member's progress stays: the query reads on from there in its next batch)
+        assert set(progress.values()) == {other_to if other_reads else 20}
+    finally:
+        restarted.stop()
+
+
+@pytest.mark.parametrize("past, read", [
+    (None, ["T|broker-a|0"]),                # a plan of an older version
+    ("7", ["T|broker-a|0"]),
+    ([7, 8], ["T|broker-a|0"]),              # not one per queue read
+    ([True], ["T|broker-a|0"]),
+    (["7"], ["T|broker-a|0"]),
+    ([7.0], ["T|broker-a|0"]),
+    ([7], "T|broker-a|0"),
+])
+def test_a_damaged_past_in_a_plan_is_not_used(past, read):
+    """A first batch's plan whose "past" offsets are absent or damaged: none (the re-run reads as
+    planned, as before they were recorded), never an error or a wrong queue."""
+    from rmq_source.group.session import _past_of
+    rec = {"read": read} if past is None else {"read": read, "past": past}
+    assert _past_of(rec) is None
+    from rmq_source.group.allocation import MessageQueue
+    assert _past_of({"read": ["T|broker-a|0", "T|broker-b|3"], "past": [7, -1]}) == {
+        MessageQueue("T", "broker-a", 0): 7, MessageQueue("T", "broker-b", 3): -1}

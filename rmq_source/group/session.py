@@ -36,6 +36,7 @@ import json
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqLockError
@@ -76,6 +77,27 @@ def member_options(opts) -> dict[str, str]:
     if opts.assign is not None:
         out["assign"] = json.dumps(opts.assign, sort_keys=True, separators=(",", ":"))
     return out
+
+
+class Plan(NamedTuple):
+    """A batch's recorded plan (:meth:`GroupSession.find_plan`)."""
+    start: dict                  # the start offsets it was planned from
+    read: set[MessageQueue]      # the queues it reads
+    first: bool                  # a query's first batch
+    #: a first batch's queues' offsets beyond which the group's progress means another member
+    #: read them since (None: not recorded, older plans)
+    past: dict[MessageQueue, int] | None
+
+
+def _past_of(rec: dict) -> dict[MessageQueue, int] | None:
+    """``rec``'s "past" offsets by queue; None when absent or not one integer per queue read
+    (a plan of an older version, or a damaged one: then the re-run is read as planned)."""
+    past, read = rec.get("past"), rec.get("read")
+    if not isinstance(past, list) or not isinstance(read, list) or len(past) != len(read):
+        return None
+    if not all(type(o) is int for o in past):
+        return None
+    return {MessageQueue.of(*parse_queue_key(k)): o for k, o in zip(read, past)}
 
 
 def _offset_of(offsets: dict, mq: MessageQueue) -> int | None:
@@ -174,6 +196,7 @@ class GroupSession:
         self._held: set[MessageQueue] = set()   # queues read in the last planned batch
         self._fresh_process = True              # nothing planned yet by this process
         self._batch_key: str | None = None      # plan_key of the batch this process planned last
+        self._progress_seen: dict[MessageQueue, int] = {}   # group progress choose() planned from
         self._compact_at = 0                    # plans file size of the next compaction (_compact)
         self.allocated: set[MessageQueue] = set()  # queues the strategy gave this query last time
         #: the group progress this process committed last, per queue (see keep_own_progress)
@@ -321,6 +344,7 @@ class GroupSession:
         with self._mutex:
             self._held = read
             self._fresh_process = False
+        self._progress_seen = {mq: committed.get(mq, -1) for mq in read}
         self.locked_at_ms = asked_at
         self.allocated = mine
         return read, moved
@@ -337,18 +361,21 @@ class GroupSession:
             mine.update(self.strategy.allocate(self.group, self.client_id, sorted(queues), cid_all))
         return mine & set(mqs)
 
-    def resume_batch(self, start: dict, end: dict, planned: set[MessageQueue], first: bool
-                     ) -> set[MessageQueue]:
+    def resume_batch(self, start: dict, end: dict, planned: set[MessageQueue], first: bool,
+                     past: dict[MessageQueue, int] | None = None) -> set[MessageQueue]:
         """The queues this process reads in batch (start, end), whose plan is ``planned``.
 
         A batch this process planned itself is read as planned: its locks were taken then. Any
         other batch is a re-run Spark asks for after a restart (or of a query restarted in the same
         process): with ``orderly`` the queues are locked first (:meth:`_lock_for_rerun`); a queue a
         live member holds is left out, since that member reads it from the group's progress. So is
-        (except in a first batch, whose start may be forced below the group's progress) a queue
-        whose group progress is past the batch's start: another member read it from there after
-        the batch was planned. The queues read are recorded as this client's plan of the batch, so
-        the next planning commits exactly them and a second crash re-runs the same read set.
+        a queue whose group progress is now past the batch's start: another member read it from
+        there after the batch was planned. A first batch's start may have been forced below the
+        group's progress (``startingOffsets``): ``past`` (its plan's :meth:`Plan.past`) gives, per
+        queue, the offset beyond which the group's progress means another member read it; a first
+        batch recorded without it is re-run as planned. The queues read are recorded as this
+        client's plan of the batch, so the next planning commits exactly them and a second crash
+        re-runs the same read set.
         """
         if self._stopped:
             self.start()
@@ -357,31 +384,33 @@ class GroupSession:
         asked_at = self.locks.now_ms()
         read = self._lock_for_rerun(planned) if self.orderly else set(planned)
         self.locked_at_ms = asked_at
-        if not first:
-            kept = self._not_read_since(read, start)
+        if not first or past is not None:
+            if past is None:
+                past = {mq: o for mq in read if (o := _offset_of(start, mq)) is not None}
+            kept = self._not_read_since(read, past)
             if self.orderly and read - kept:
                 self.view.unlock(sorted(read - kept))   # theirs to read now: no need to wait
             read = kept
         with self._mutex:
             self._held = set(read)
             self._fresh_process = False
-        self.record_plan(start, end, read, first=first)
+        self.record_plan(start, end, read, first=first, past=past)
         return read
 
-    def _not_read_since(self, mqs: set[MessageQueue], start: dict) -> set[MessageQueue]:
-        """The queues of ``mqs`` whose group progress is not past their offset in ``start`` (the
+    def _not_read_since(self, mqs: set[MessageQueue], past: dict[MessageQueue, int]
+                        ) -> set[MessageQueue]:
+        """The queues of ``mqs`` whose group progress is not beyond their offset in ``past`` (the
         others were read by another member from the group's progress meanwhile)."""
         if not mqs:
             return mqs
         committed = self.group_store.read_offsets(sorted(mqs), ReadOffsetType.READ_FROM_STORE)
         keep = set()
         for mq in mqs:
-            begin = _offset_of(start, mq)
-            begin = -1 if begin is None else begin
-            if committed.get(mq, -1) > begin >= 0:
+            since = past.get(mq, -1)
+            if committed.get(mq, -1) > since >= 0:
                 log.warning("consumer group %r: queue %s moved to %d in the group since this batch was "
-                            "planned from %d (another member read it): the re-run leaves it out",
-                            self.group, queue_key(mq), committed[mq], begin)
+                            "planned at %d (another member read it): the re-run leaves it out",
+                            self.group, queue_key(mq), committed[mq], since)
             else:
                 keep.add(mq)
         return keep
@@ -436,21 +465,29 @@ class GroupSession:
         return sorted(cid for cid, t in self.membership.members().items()
                       if cid != self.client_id and now - t <= timeout and t < since_ms)
 
-    def record_plan(self, start: dict, end: dict, read: set[MessageQueue], first: bool = False
-                    ) -> None:
+    def record_plan(self, start: dict, end: dict, read: set[MessageQueue], first: bool = False,
+                    forced: bool = False, past: dict[MessageQueue, int] | None = None) -> None:
         """Persist which queues the batch (start, end) reads, before Spark logs the batch.
 
         ``first`` marks a query's first batch: its start offsets are kept too, because Spark re-runs
         that batch after a restart from a freshly computed ``initialOffset`` (see
-        :meth:`first_batch_plan`).
+        :meth:`first_batch_plan`), and so is each queue's offset beyond which the group's progress
+        means another member read it meanwhile (:meth:`resume_batch`): ``past`` when given (a
+        re-run recorded again), else its start, or the group's progress :meth:`choose` planned
+        from when that is later and ``forced`` (the start was forced by ``startingOffsets``).
         """
         key = plan_key(start, end)
         queues = sorted(read, key=queue_key)
+        froms = [_offset_of(start, mq) for mq in queues]
         rec = {"key": key, "end": plan_key(end, end), "client": self.client_id,
-               "read": [queue_key(mq) for mq in queues],
-               "from": [_offset_of(start, mq) for mq in queues]}
+               "read": [queue_key(mq) for mq in queues], "from": froms}
         if first:
             rec["start"] = start
+            if past is None:
+                seen = self._progress_seen if forced else {}
+                past = {mq: max(-1 if f is None else f, seen.get(mq, -1))
+                        for mq, f in zip(queues, froms)}
+            rec["past"] = [past.get(mq, -1) for mq in queues]
         self._batch_key = key
         with file_lock(self.plans_path + ".flock", exclusive=True, timeout_s=30, error_cls=RmqLockError):
             append_jsonl(self.plans_path, [rec], error_cls=RmqLockError)
@@ -491,32 +528,38 @@ class GroupSession:
     def _queues_of(rec: dict) -> set[MessageQueue]:
         return {MessageQueue.of(*parse_queue_key(k)) for k in rec["read"]}
 
-    def find_plan(self, start: dict, end: dict) -> tuple[dict, set[MessageQueue], bool] | None:
-        """The plan of batch (start, end): (the start it was planned from, the queues it reads,
-        whether it is a query's first batch); None when no plan was recorded.
+    def find_plan(self, start: dict, end: dict) -> Plan | None:
+        """The :class:`Plan` of batch (start, end); None when no plan was recorded.
 
         This client's own record wins. A restarted query (a new client id) finds the batch among
         the group's records: by (start, end), several members' plans for the same offsets are
-        joined (reading a queue twice is at least once; leaving one out would lose it), and a first
-        batch, whose start Spark recomputes after a restart, is found by its end
-        (:meth:`first_batch_plan`).
+        joined (reading a queue twice is at least once; leaving one out would lose it: the latest
+        ``past`` of a queue wins), and a first batch, whose start Spark recomputes after a restart,
+        is found by its end (:meth:`first_batch_plan`).
         """
         key = plan_key(start, end)
         found: set[MessageQueue] | None = None
         first = False
+        past: dict[MessageQueue, int] | None = {}
         for rec in self._plans():
             if rec.get("key") != key:
                 continue
             if rec.get("client") == self.client_id:
-                return start, self._queues_of(rec), "start" in rec
+                return Plan(start, self._queues_of(rec), "start" in rec, _past_of(rec))
             found = (found or set()) | self._queues_of(rec)
             first = first or "start" in rec
+            theirs = _past_of(rec)
+            if past is not None and theirs is not None:
+                for mq, o in theirs.items():
+                    past[mq] = max(o, past.get(mq, -1))
+            elif "start" in rec:
+                past = None
         if found is not None:
-            return start, found, first
-        recorded = self.first_batch_plan(end)
-        if recorded is None:
+            return Plan(start, found, first, past if first else None)
+        rec = self._first_batch_record(end)
+        if rec is None:
             return None
-        return recorded[0], recorded[1], True
+        return Plan(rec["start"], self._queues_of(rec), True, _past_of(rec))
 
     def first_batch_plan(self, end: dict) -> tuple[dict, set[MessageQueue]] | None:
         """The (start offsets, queues read) recorded for a query's first batch ending at ``end``.
@@ -524,17 +567,21 @@ class GroupSession:
         None when there is none, or when several first batches of the group end at ``end`` with
         different plans (then nothing says which one was this query's).
         """
+        rec = self._first_batch_record(end)
+        return None if rec is None else (rec["start"], self._queues_of(rec))
+
+    def _first_batch_record(self, end: dict) -> dict | None:
+        """The plan record of :meth:`first_batch_plan`."""
         key = plan_key(end, end)
         found = {}
         for rec in self._plans():
             if rec.get("end") == key and isinstance(rec.get("start"), dict):
                 if rec.get("client") == self.client_id:
-                    return rec["start"], self._queues_of(rec)
+                    return rec
                 found[json.dumps([rec["start"], rec["read"]], sort_keys=True)] = rec
         if len(found) != 1:
             return None
-        rec = next(iter(found.values()))
-        return rec["start"], self._queues_of(rec)
+        return next(iter(found.values()))
 
     def reads_of_batch_ending_at(self, end: dict) -> dict[MessageQueue, int | None]:
         """After a restart: the queues the committed batch ending at ``end`` read, each with the

@@ -202,7 +202,8 @@ class RmqStreamReader(StreamReaderBase):
             read, end, latest = self._plan_reachable(mqs, starts, limit, fresh)
         end_json = to_json_dict(end)
         if self.session is not None:
-            self.session.record_plan(start, end_json, read, first=start == self._initial)
+            self.session.record_plan(start, end_json, read, first=start == self._initial,
+                                     forced=fresh)
             per_topic = dict.fromkeys((mq.topic for mq in read), 0)
             for mq in read:
                 per_topic[mq.topic] += max(0, end[mq] - starts[mq])
@@ -480,9 +481,9 @@ class RmqStreamReader(StreamReaderBase):
                     "removed or is not shared by this query")
             # A first batch re-run after a restart reads from the start it was planned from (Spark
             # recomputes initialOffset, and the group may have moved since).
-            start, planned, first = plan
+            start, planned, first, past = plan
             starts = from_json_dict(start, what="recorded start offset")
-            planned = self.session.resume_batch(start, end, planned, first)
+            planned = self.session.resume_batch(start, end, planned, first, past)
             ends = {mq: o for mq, o in ends.items() if mq in planned}
         # queues the batch does not move need no broker (one that is away may be among them)
         ends = {mq: o for mq, o in ends.items() if o != starts.get(mq)}
