@@ -492,6 +492,31 @@ class ClientLockView:
         self.record(mqs, granted, started)
         return granted
 
+    def lock_untrusted(self, mqs: Iterable[Any]) -> tuple[set, int]:
+        """:meth:`lock_all` of the queues of ``mqs`` this view does not trust now (not locked, or
+        granted longer than the client lease ago), as RocketMQ's clients lock only the queues a
+        rebalance adds and let the renewal keep the others. Returns (the trusted and the granted
+        queues, when the oldest of their grants was asked: a caller trusts them until then plus
+        the client lease)."""
+        mqs = list(mqs)
+        trusted, oldest = self.trusted(mqs)
+        ask = [mq for mq in mqs if mq not in trusted]
+        granted = self.lock_all(ask) if ask else set()
+        return trusted | set(granted), oldest
+
+    def trusted(self, mqs: Iterable[Any]) -> tuple[set, int]:
+        """(the queues of ``mqs`` this view trusts now, :meth:`is_readable`; when the oldest of
+        their grants was asked, now when none)."""
+        now = self.now_ms()
+        trusted, oldest = set(), now
+        with self._mutex:
+            for key, mq in _keyed(mqs):
+                pq = self._queues.get(key)
+                if pq is not None and pq.is_readable(now, self.client_lease_ms):
+                    trusted.add(mq)
+                    oldest = min(oldest, pq.last_lock_ms)
+        return trusted, oldest
+
     def lock(self, mq: Any) -> bool:
         return bool(self.lock_all([mq]))
 

@@ -36,7 +36,7 @@ import json
 import logging
 import threading
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqLockError
@@ -224,6 +224,11 @@ class GroupSession:
             for mq, offset in offsets.items():
                 self._resets[mq] = (offset, why)
 
+    def reset_queues(self) -> set[MessageQueue]:
+        """The queues of the resets noted and not yet taken (:meth:`take_resets`)."""
+        with self._mutex:
+            return set(self._resets)
+
     def take_resets(self) -> dict[MessageQueue, tuple[int, str]]:
         """The resets noted since the last call: {queue: (offset, what sent it)}."""
         with self._mutex:
@@ -320,7 +325,10 @@ class GroupSession:
         if released and self.orderly:
             self.view.unlock(sorted(released))
         asked_at = self.locks.now_ms()
-        granted = set(self.view.lock_all(sorted(mine))) if self.orderly else mine
+        if self.orderly:   # (queues kept from the last batch: their renewals keep them)
+            granted, asked_at = self.view.lock_untrusted(sorted(mine))
+        else:
+            granted = mine
         granted = {mq if type(mq) is MessageQueue else MessageQueue(*parse_queue_key(queue_key(mq)))
                    for mq in granted}
         # (a queue at offset 0 is planned alike whether the group has offset 0 or none there)
@@ -606,16 +614,24 @@ class GroupSession:
                     found[mq] = f if found.get(mq, f) == f else None
         return found
 
-    def held(self) -> set[MessageQueue] | None:
+    def held(self, verify: Callable[[MessageQueue], bool] | None = None) -> set[MessageQueue] | None:
         """Queues read by the last batch this session planned (None before the first), less any
-        whose lock this query no longer holds (ordered mode): their progress is no longer ours."""
+        whose lock this query no longer holds (ordered mode): their progress is no longer ours.
+
+        The lock table is asked about the queues ``verify`` selects (all without it: those whose
+        progress the caller is about to write); the others count as held while this client's view
+        trusts their lock (granted or renewed within the client lease), as a RocketMQ client trusts
+        its process queue's lock. A lock lost meanwhile is found by the tasks' own check before they
+        read and by this call before any progress of that queue is written."""
         with self._mutex:
             if self._fresh_process:
                 return None
             held = set(self._held)
         if self.orderly and held:
-            still = self.locks.held_by(held, self.client_id)
+            ask = held if verify is None else held - (self.view.trusted(held)[0]
+                                                      - {mq for mq in held if verify(mq)})
+            still = self.locks.held_by(ask, self.client_id) if ask else set()
             if self._unanswered_brokers() is not None:
-                self._drop_refused(held - still)
-            held = still
+                self._drop_refused(ask - still)
+            held = (held - ask) | still
         return held

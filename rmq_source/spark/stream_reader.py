@@ -300,7 +300,10 @@ class RmqStreamReader(StreamReaderBase):
         queues cost no writes."""
         if self.session is None:
             return
-        held = self.session.held()
+        # (the locks of queues whose progress is written are asked; the others' trusted)
+        resets_noted = self.session.reset_queues()
+        held = self.session.held(verify=lambda mq: mq in resets_noted or start_map.get(mq) != (
+            self._taken.get(mq, (None,))[0]))
         if held is None:  # first planning of this process: a restart, or a new query
             reads = self.session.reads_of_batch_ending_at(to_json_dict(start_map))
             forward = {mq: o for mq, o in start_map.items() if mq in reads}
