@@ -302,9 +302,9 @@ def test_offsets_of_many_queues_go_in_a_row_and_failures_the_one_at_a_time_way(m
     assert answered == list(range(40 if fail_at is None else fail_at))
 
     writes, written_one_by_one = [], []
-    monkeypatch.setattr(rq, "update_consumer_offset_call",
-                        lambda client, addr, group, topic, q, offset, broker_name=None:
-                        writes.append(q) or _Call(q))
+    monkeypatch.setattr(rq, "update_consumer_offset_calls",
+                        lambda client, addr, group, entries, broker_name=None:
+                        [writes.append(q) or _Call(q) for _, q, _ in entries])
 
     def taken(client, call):
         if call.item == fail_at:
@@ -332,9 +332,9 @@ def test_a_topics_first_group_offset_is_answered_before_its_others_are_sent(monk
     backend.broker_addr("broker-a")
     mqs = [MessageQueue(t, "broker-a", q) for t in ("T", "U") for q in range(10)]
     events = []
-    monkeypatch.setattr(rq, "update_consumer_offset_call",
-                        lambda client, addr, group, topic, q, offset, broker_name=None:
-                        events.append(("send", topic, q)) or _Call((topic, q)))
+    monkeypatch.setattr(rq, "update_consumer_offset_calls",
+                        lambda client, addr, group, entries, broker_name=None:
+                        [events.append(("send", topic, q)) or _Call((topic, q)) for topic, q, _ in entries])
     monkeypatch.setattr(rq, "offset_taken",
                         lambda client, call: events.append(("take", *call.item)) or True)
     monkeypatch.setattr(rq, "update_consumer_offset", lambda *a, **k: pytest.fail("one by one"))

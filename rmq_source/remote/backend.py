@@ -159,6 +159,10 @@ class ClusterBackend(Backend):
         # pulls: the waiting reader reads its answers itself (no thread switch per answer)
         self.pull_client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials,
                                           reader_thread=False, tls=spec.tls)
+        # group offsets (hundreds of commits a batch) alike; no heartbeat on it, so no server
+        # requests to serve there
+        self.offsets_client = RemotingClient(timeout=spec.timeout_s, credentials=spec.credentials,
+                                             reader_thread=False, tls=spec.tls)
         self._masters: dict[str, str] = {}
         self._mutex = threading.Lock()
         self._down: set[str] = set()   # brokers whose last call failed after every retry
@@ -1224,7 +1228,7 @@ class ClusterBackend(Backend):
     # -- group state ---------------------------------------------------------------------------
     def offset_store(self, group: str):
         from rmq_source.remote.offset_store import BrokerOffsetStore
-        return BrokerOffsetStore(self.client, group, self)
+        return BrokerOffsetStore(self.offsets_client, group, self)
 
     def group_session(self, opts, strategy, offset_store):
         """The query as a consumer of its group on the brokers (:mod:`.membership`), ordered

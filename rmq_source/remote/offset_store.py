@@ -77,21 +77,30 @@ class BrokerOffsetStore(OffsetTable):
             self._looked = None
 
     def _in_a_row(self, broker: str, addr: str | None, items: list, send: Callable,
-                  take: Callable, min_items: int = 2) -> dict:
+                  take: Callable, min_items: int = 2, *, together: bool = False) -> dict:
         """``take(call)`` of ``send(addr, item)`` for the items of ``broker`` (``addr``: its master
         as last routed), at most ``WINDOW`` in flight, in order: {item: answer} of those answered
         before the first failure (none when no master is listed, the broker failed lately or
-        there are fewer than ``min_items``)."""
+        there are fewer than ``min_items``). ``together``: ``send(addr, items)`` sends up to
+        ``WINDOW`` items at once (one write) and returns their calls; two such windows in flight."""
         done: dict = {}
         if addr is None or self.backend.away_for(broker) is not None or len(items) < min_items:
             return done
         pending: deque = deque()
         try:
-            for item in items:
-                pending.append((item, send(addr, item)))
-                if len(pending) >= WINDOW:
-                    first, call = pending.popleft()
-                    done[first] = take(call)
+            if together:
+                for i in range(0, len(items), WINDOW):
+                    chunk = items[i:i + WINDOW]
+                    pending.extend(zip(chunk, send(addr, chunk)))
+                    while len(pending) > WINDOW:
+                        first, call = pending.popleft()
+                        done[first] = take(call)
+            else:
+                for item in items:
+                    pending.append((item, send(addr, item)))
+                    if len(pending) >= WINDOW:
+                        first, call = pending.popleft()
+                        done[first] = take(call)
             while pending:
                 first, call = pending.popleft()
                 done[first] = take(call)
@@ -214,16 +223,16 @@ class BrokerOffsetStore(OffsetTable):
             return None if on_master else f"written to its slave {addr} meanwhile"
 
         on_slave = []
-        ordered = sorted(entries.items())
+        ordered = sorted(entries.items(), key=lambda e: (e[0].topic, e[0].queue_id))
         master = self.backend.master_addr(broker)
 
         def in_a_row(items, min_items=2):
             return self._in_a_row(
                 broker, master, items,
-                lambda addr, entry: rq.update_consumer_offset_call(
-                    self.client, addr, self.group, entry[0].topic, entry[0].queue_id, entry[1],
-                    broker_name=broker),
-                lambda call: rq.offset_taken(self.client, call), min_items)
+                lambda addr, entries: rq.update_consumer_offset_calls(
+                    self.client, addr, self.group,
+                    [(mq.topic, mq.queue_id, offset) for mq, offset in entries], broker_name=broker),
+                lambda call: rq.offset_taken(self.client, call), min_items, together=True)
 
         # A broker records a topic@group's first offset by creating its table unlocked
         # (ConsumerOffsetManager.commitOffset, 4.9 and 5.3): first writes of one topic handled

@@ -585,6 +585,16 @@ def update_consumer_offset_call(client: RemotingClient, broker: str, group: str,
         broker_name), timeout=timeout)
 
 
+def update_consumer_offset_calls(client: RemotingClient, broker: str, group: str,
+                                 entries: list[tuple[str, int, int]], *, broker_name: str | None = None,
+                                 timeout=None) -> list[Call]:
+    """:func:`update_consumer_offset_call` of each (topic, queue id, offset) of ``entries``,
+    written together; :func:`offset_taken` answers each."""
+    return client.send_many(broker, UPDATE_CONSUMER_OFFSET, [_to_broker(
+        {"consumerGroup": group, "topic": topic, "queueId": str(queue_id), "commitOffset": str(offset)},
+        broker_name) for topic, queue_id, offset in entries], timeout=timeout)
+
+
 def offset_taken(client: RemotingClient, call: Call) -> bool:
     r = client.answer(call)
     return (r.remark or "") != RESET_PENDING_REMARK
