@@ -110,7 +110,13 @@ def check_offset_store_path(path: str, broker_stores: Mapping[str, str],
                     f"{config_dir}; choose a directory outside every broker's config/")
 
 
+#: (topic, broker name) pairs :func:`_queue` found valid (a planning checks every queue each batch)
+_VALID_NAMES: set[tuple[str, str]] = set()
+
+
 def _queue(mq: Any) -> MessageQueue:
+    if type(mq) is MessageQueue and (mq.topic, mq.broker_name) in _VALID_NAMES and mq.queue_id >= 0:
+        return mq
     if isinstance(mq, (tuple, list)) and len(mq) == 3:
         mq = MessageQueue(*mq)
     if not isinstance(mq, MessageQueue):
@@ -123,6 +129,8 @@ def _queue(mq: Any) -> MessageQueue:
                              "(characters [A-Za-z0-9_%|@.-], not starting with '.')")
     if mq.queue_id < 0:
         raise RmqOptionError(f"{mq}: queue id must be >= 0")
+    if len(_VALID_NAMES) < 1 << 16:
+        _VALID_NAMES.add((mq.topic, mq.broker_name))
     return mq
 
 

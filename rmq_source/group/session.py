@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
-from rmq_source.group.allocation import MessageQueue
+from rmq_source.group.allocation import MessageQueue, sort_queues
 from rmq_source.errors import RmqLockError
 from rmq_source.group.membership import GroupMembership
 from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, QueueLockManager, parse_queue_key,
@@ -214,7 +214,7 @@ class GroupSession:
     # -- background renewal ----------------------------------------------------------------
     def held_now(self) -> list[MessageQueue]:
         with self._mutex:
-            return sorted(self._held)
+            return sort_queues(self._held)
 
     def note_reset(self, offsets: dict[MessageQueue, int], why: str) -> None:
         """An operator reset the group's progress of ``offsets`` (a broker passed on
@@ -323,10 +323,10 @@ class GroupSession:
             previous = set(self._held)
         released = previous - mine
         if released and self.orderly:
-            self.view.unlock(sorted(released))
+            self.view.unlock(sort_queues(released))
         asked_at = self.locks.now_ms()
         if self.orderly:   # (queues kept from the last batch: their renewals keep them)
-            granted, asked_at = self.view.lock_untrusted(sorted(mine))
+            granted, asked_at = self.view.lock_untrusted(sort_queues(mine))
         else:
             granted = mine
         granted = {mq if type(mq) is MessageQueue else MessageQueue(*parse_queue_key(queue_key(mq)))
@@ -366,7 +366,8 @@ class GroupSession:
             by_topic.setdefault(mq.topic, []).append(mq)
         mine: set[MessageQueue] = set()
         for queues in by_topic.values():
-            mine.update(self.strategy.allocate(self.group, self.client_id, sorted(queues), cid_all))
+            mine.update(self.strategy.allocate(self.group, self.client_id, sort_queues(queues),
+                                               cid_all))
         return mine & set(mqs)
 
     def resume_batch(self, start: dict, end: dict, planned: set[MessageQueue], first: bool,
@@ -397,7 +398,7 @@ class GroupSession:
                 past = {mq: o for mq in read if (o := _offset_of(start, mq)) is not None}
             kept = self._not_read_since(read, past)
             if self.orderly and read - kept:
-                self.view.unlock(sorted(read - kept))   # theirs to read now: no need to wait
+                self.view.unlock(sort_queues(read - kept))   # theirs to read now: no need to wait
             read = kept
         with self._mutex:
             self._held = set(read)
@@ -411,7 +412,7 @@ class GroupSession:
         others were read by another member from the group's progress meanwhile)."""
         if not mqs:
             return mqs
-        committed = self.group_store.read_offsets(sorted(mqs), ReadOffsetType.READ_FROM_STORE)
+        committed = self.group_store.read_offsets(sort_queues(mqs), ReadOffsetType.READ_FROM_STORE)
         keep = set()
         for mq in mqs:
             since = past.get(mq, -1)
@@ -427,12 +428,12 @@ class GroupSession:
         """Lock ``planned`` for a re-run: free, own and expired entries are taken at once; for an
         entry another client holds, wait until its lease runs out (then take it over) unless the
         holder renews it meanwhile, which proves it alive: that queue is left out."""
-        granted = set(self.view.lock_all(sorted(planned)))
+        granted = set(self.view.lock_all(sort_queues(planned)))
         with self._mutex:
             self._held = set(granted)     # renewed by the renewer while the rest is waited for
         # the entry seen first: None when the holder unlocked meanwhile (the next round takes it)
         waiting: dict[MessageQueue, LockEntry | None] = {
-            mq: self.locks.entry(mq) for mq in sorted(planned - granted)}
+            mq: self.locks.entry(mq) for mq in sort_queues(planned - granted)}
         seen = [e for e in waiting.values() if e is not None]
         # a holder that renews within a lease from now is alive (brokers show no holders: only
         # this bound tells a dead holder's lock from a live one there)
@@ -447,7 +448,7 @@ class GroupSession:
                         ", ".join(queue_key(mq) for mq in waiting))
         while waiting:
             time.sleep(_WAIT_POLL_S)
-            taken = set(self.view.lock_all(sorted(waiting)))
+            taken = set(self.view.lock_all(sort_queues(waiting)))
             granted |= taken
             with self._mutex:
                 self._held = set(granted)
@@ -463,7 +464,7 @@ class GroupSession:
                                 e.client_id if e is not None else "(not shown by the broker)")
                     del waiting[mq]
         # one more round renews every lock now, so tasks may trust them for the full client lease
-        return set(self.view.lock_all(sorted(granted))) if granted else set()
+        return set(self.view.lock_all(sort_queues(granted))) if granted else set()
 
     def silent_members(self, since_ms: int) -> list[str]:
         """Live members other than this one that have not heartbeated since ``since_ms``: those that

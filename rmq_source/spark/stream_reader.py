@@ -339,7 +339,7 @@ class RmqStreamReader(StreamReaderBase):
         declined, self._declined = self._declined, {}
         if not declined:
             return {}
-        now = self.group_store.read_offsets(sorted(declined), ReadOffsetType.READ_FROM_STORE)
+        now = self.group_store.read_offsets(sort_queues(declined), ReadOffsetType.READ_FROM_STORE)
         return {mq: (now[mq], "a reset pending on its broker, which ignored this query's commit")
                 for mq, tried in declined.items() if now.get(mq, -1) >= 0 and now[mq] != tried}
 
