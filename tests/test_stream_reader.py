@@ -88,6 +88,9 @@ def test_available_now_stops_at_the_target_and_lag_is_reported(store):
     assert _total(start, end) == 90  # not the 12 appended after the target was taken
     latest = r.reportLatestOffset()
     assert _total(end, latest) == 12  # the lag Spark shows in the query progress
+    with StoreWriter(store) as w:
+        append_messages(w, "T", 3, start_ts=1_700_009_100_000)
+    assert _total(end, r.reportLatestOffset()) == 15   # no planning since: asked again
 
 
 def test_partitions_one_task_per_queue_in_order(store):

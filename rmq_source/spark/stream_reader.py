@@ -86,6 +86,8 @@ class RmqStreamReader(StreamReaderBase):
         self._taken: dict[MessageQueue, tuple[int, int]] = {}
         self._declined: dict[MessageQueue, int] = {}   # commits ignored for a pending reset
         self._offset_bytes: dict[str, float] = {}   # topic -> bytes per offset (task sizing)
+        #: the max offsets the last planning saw, for the reportLatestOffset that follows it
+        self._seen_max: dict[MessageQueue, int] | None = None
 
     @property
     def session(self) -> GroupSession | None:
@@ -223,6 +225,7 @@ class RmqStreamReader(StreamReaderBase):
         while True:
             infos = self._reachable_infos(mqs)
             self.backend.check_subscription(self.opts.subscription, infos)
+            self._seen_max = {mq: info.max_offset for mq, info in infos.items()}
             latest = self._latest(infos, infos)
             try:
                 read, end = self._plan(mqs, starts, latest, infos, limit, fresh)
@@ -453,8 +456,14 @@ class RmqStreamReader(StreamReaderBase):
         return ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict:
-        infos, _ = self.backend.infos_reachable(self._queues())   # (a metric: brokers away left out)
-        return to_json_dict({mq: info.max_offset for mq, info in infos.items()})
+        """The queues' max offsets (a metric Spark asks right after ``latestOffset``): those the
+        planning just saw, as Spark's Kafka source reports the offsets its planning fetched; asked
+        of the brokers when no planning came before (brokers away left out)."""
+        seen, self._seen_max = self._seen_max, None
+        if seen is None:
+            infos, _ = self.backend.infos_reachable(self._queues())
+            seen = {mq: info.max_offset for mq, info in infos.items()}
+        return to_json_dict(seen)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """The run's target: each queue's max offset now. A queue of a broker away
