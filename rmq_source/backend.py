@@ -166,6 +166,11 @@ class Backend(abc.ABC):
         answers."""
         return None
 
+    def each_broker(self, fn, work: Mapping[str, object]) -> dict[str, object]:
+        """{broker: fn(broker, its work)}; an exception of ``fn`` is raised. One broker after the
+        other here; a live cluster asks its brokers side by side."""
+        return {broker: fn(broker, w) for broker, w in work.items()}
+
     @abc.abstractmethod
     def offset_for_timestamp(self, mq: MessageQueue, timestamp_ms: int, *,
                              info: QueueInfo | None = None) -> int:

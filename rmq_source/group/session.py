@@ -54,10 +54,25 @@ _PLANS_COMPACT_BYTES = 4 << 20  # the plans file is compacted beyond this size
 _WAIT_POLL_S = 0.25             # how often a waiting query looks at the lock table again
 
 
+#: the last keys :func:`plan_key` made: (start, end, key), the offsets copied
+_KEYS_MADE: collections.deque = collections.deque(maxlen=4)
+_KEYS_LOCK = threading.Lock()
+
+
 def plan_key(start: dict, end: dict) -> str:
-    """Stable key of a batch: a hash of its start and end offsets (canonical JSON)."""
+    """Stable key of a batch: a hash of its start and end offsets (canonical JSON). A planning
+    asks the same keys several times; comparing offsets is far cheaper than their canonical JSON
+    (milliseconds at thousands of queues), so the last few keys are kept with a copy of theirs."""
+    with _KEYS_LOCK:
+        for made_start, made_end, key in _KEYS_MADE:
+            if made_start == start and made_end == end:
+                return key
     text = json.dumps([start, end], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    key = hashlib.sha256(text.encode()).hexdigest()
+    copied = json.loads(text)
+    with _KEYS_LOCK:
+        _KEYS_MADE.appendleft((copied[0], copied[1], key))
+    return key
 
 
 def member_options(opts) -> dict[str, str]:

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -72,7 +72,7 @@ OUTAGE_POLL_S = 2.0     # a task waiting for a broker away beyond the retries as
 OUTAGE_LOG_S = 15.0     # and says so this often
 NO_MASTER_RECHECK_S = 1.0
 COALESCE_BYTES = 16 << 20     # pull answers decoded together, at most
-FANOUT_THREADS = 8            # brokers asked side by side (_each_broker)
+FANOUT_THREADS = 8            # brokers asked side by side (each_broker)
 FIRSTS_MAX = 64               # first pulls of small ranges sent together, at most (read_many)
 _TEMPLATES_KEPT = 1 << 16     # pull templates kept (one per queue and subscription read)
 _NO_TEMPLATE = object()
@@ -513,13 +513,13 @@ class ClusterBackend(Backend):
             by_broker.setdefault(mq.broker_name, {}).setdefault(mq.topic, []).append(mq)
         found: dict[MessageQueue, QueueInfo] = {}
         down: dict[str, Exception] = {}
-        for broker, (infos, exc) in self._each_broker(self._broker_infos, by_broker).items():
+        for broker, (infos, exc) in self.each_broker(self._broker_infos, by_broker).items():
             found.update(infos)
             if exc is not None:
                 down[broker] = exc
         return {mq: found[mq] for mq in mqs if mq in found}, down
 
-    def _each_broker(self, fn, work: dict[str, object]) -> dict[str, object]:
+    def each_broker(self, fn, work: Mapping[str, object]) -> dict[str, object]:
         """{broker: fn(broker, its work)}, the brokers asked side by side (a planning waits for
         the slowest broker, not for their sum: a broker's statistics of thousands of queues take
         it tens of milliseconds); an exception is raised as the sequential loop would raise it."""

@@ -113,7 +113,7 @@ class BrokerOffsetStore(OffsetTable):
         found: dict[MessageQueue, int] = {}
         # (brokers asked side by side: a broker's statistics of thousands of queues take it tens
         # of milliseconds)
-        for part in self.backend._each_broker(
+        for part in self.backend.each_broker(
                 lambda broker, queues: self._fetch_broker(broker, queues, zero_will_do),
                 _by_broker(mqs)).values():
             found.update(part)

@@ -41,18 +41,37 @@ def since_last_commit(store, taken: dict[MessageQueue, tuple[int, int]], held,
     keeper has not taken the last commit). Returns (resets, queues whose keeper lost this query's
     commit, with the offset to write again)."""
     known = sort_queues(mq for mq in held if mq in taken and mq not in unsaved)
-    now: dict[MessageQueue, int] = {}
-    for broker in sorted({mq.broker_name for mq in known}):
-        queues = [mq for mq in known if mq.broker_name == broker]
+    by_broker: dict[str, list[MessageQueue]] = {}
+    for mq in known:
+        by_broker.setdefault(mq.broker_name, []).append(mq)
+    sure: dict[str, bool] = {}
+    away: set[str] = set()
+    for broker, queues in sorted(by_broker.items()):
         try:
             # a commit of 0 is still there (0, not none) unless the keeper may have lost it
             at_zero = [taken[mq][1] for mq in queues if taken[mq][0] == 0]
-            sure = bool(at_zero) and not store.may_have_lost(broker, min(at_zero))
-            now.update(store.read_offsets(queues, ReadOffsetType.READ_FROM_STORE,
-                                          zero_will_do=lambda mq: sure and taken[mq][0] == 0))
+            sure[broker] = bool(at_zero) and not store.may_have_lost(broker, min(at_zero))
         except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
-            # a broker away: compared once it answers (the planning decides what its absence means)
-            known = [mq for mq in known if mq.broker_name != broker]
+            away.add(broker)
+
+    def zero_will_do(mq: MessageQueue) -> bool:
+        return sure[mq.broker_name] and taken[mq][0] == 0
+
+    now: dict[MessageQueue, int] = {}
+    try:     # (every broker in one question: they are asked side by side)
+        now = store.read_offsets([mq for mq in known if mq.broker_name not in away],
+                                 ReadOffsetType.READ_FROM_STORE, zero_will_do=zero_will_do)
+    except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
+        for broker, queues in sorted(by_broker.items()):   # which broker is away
+            if broker in away:
+                continue
+            try:
+                now.update(store.read_offsets(queues, ReadOffsetType.READ_FROM_STORE,
+                                              zero_will_do=zero_will_do))
+            except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
+                away.add(broker)
+    # a broker away: compared once it answers (the planning decides what its absence means)
+    known = [mq for mq in known if mq.broker_name not in away]
     found: Resets = {}
     lost: dict[MessageQueue, int] = {}
     asked: dict[tuple[str, int], bool] = {}

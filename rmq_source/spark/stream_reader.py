@@ -588,12 +588,12 @@ class RmqStreamReader(StreamReaderBase):
         """
 
     def _commit_group(self, offsets: dict[MessageQueue, int]) -> None:
-        """Write ``offsets`` as the group's progress, one broker (or store file) at a time. The
-        entries of a broker that does not answer are kept and written again at every later commit
-        until it takes them (as RocketMQ's clients persist their memory table): its queues wait
-        meanwhile, so nothing newer can pass them. Whether the query may go on without the broker
-        is :meth:`_reachable_infos`'s to say. Other refusals fail the query with
-        ``failOnDataLoss=true``."""
+        """Write ``offsets`` as the group's progress, each broker (or store file) on its own
+        (brokers side by side). The entries of a broker that does not answer are kept and written
+        again at every later commit until it takes them (as RocketMQ's clients persist their
+        memory table): its queues wait meanwhile, so nothing newer can pass them. Whether the
+        query may go on without the broker is :meth:`_reachable_infos`'s to say. Other refusals
+        fail the query with ``failOnDataLoss=true``."""
         if self.group_store is None:
             return
         if offsets == self._committed and not self._unsaved:
@@ -603,19 +603,25 @@ class RmqStreamReader(StreamReaderBase):
         for mq, offset in offsets.items():
             self.group_store.update_offset(mq, offset, increase_only=False)
             by_broker.setdefault(mq.broker_name, []).append(mq)
-        unsaved = {}
-        for broker, mqs in sorted(by_broker.items()):
+
+        def write(_broker, mqs):
             try:
-                declined = self.group_store.persist(mqs)
-                now_ms = int(time.time() * 1000)
-                self._declined.update({mq: offsets[mq] for mq in declined})
-                self._taken.update({mq: (offsets[mq], now_ms) for mq in mqs if mq not in declined})
+                return self.group_store.persist(mqs), int(time.time() * 1000), None
             except RmqAuthError:
                 raise
             except RmqRemotingError as exc:
+                return set(), 0, exc
+
+        unsaved = {}
+        for broker, (declined, now_ms, exc) in sorted(self.backend.each_broker(write, by_broker).items()):
+            mqs = by_broker[broker]
+            if exc is None:
+                self._declined.update({mq: offsets[mq] for mq in declined})
+                self._taken.update({mq: (offsets[mq], now_ms) for mq in mqs if mq not in declined})
+            else:
                 away = isinstance(exc, (RmqRemotingConnectionError, RmqRemotingTimeoutError))
                 if self.opts.fail_on_data_loss and not away:
-                    raise
+                    raise exc
                 log.warning("consumer group %r: broker %s did not take the progress of %d queue(s) "
                             "(kept, written again at the next batch): %s", self.opts.consumer_group,
                             broker, len(mqs), exc)
