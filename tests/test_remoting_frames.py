@@ -115,6 +115,33 @@ def test_answers_matched_by_opaque_out_of_order(peer, connect):
     assert {n: r.ext_fields["n"] for n, r in results.items()} == {"1": "1", "2": "2"}
 
 
+def test_requests_written_together_get_their_own_answers(peer, connect):
+    """send_many: the requests arrive whole, in order, each with its own opaque; answers sent in
+    the reverse order reach their calls; an empty list sends nothing."""
+    got = []
+
+    def script(conn):
+        reqs = [read_request(conn) for _ in range(40)]
+        got.extend(reqs)
+        conn.sendall(b"".join(answer(r, ext={"n": r.ext_fields["n"]}) for r in reversed(reqs)))
+    p = peer(script)
+    with connect(p.addr) as c:
+        assert c.send_many(15, []) == []
+        calls = c.send_many(15, [{"n": str(n), "topic": "T"} for n in range(40)], timeout=5)
+        answers = [call.result().ext_fields["n"] for call in calls]
+    assert answers == [str(n) for n in range(40)]
+    assert [r.ext_fields["n"] for r in got] == answers and len({r.opaque for r in got}) == 40
+    assert all(r.code == 15 and r.ext_fields["topic"] == "T" for r in got)
+
+
+def test_requests_written_together_refused_whole_when_one_cannot_be_a_frame(peer, connect):
+    p = peer(lambda conn: conn.recv(1))
+    with connect(p.addr) as c:
+        with pytest.raises(RmqRemotingProtocolError, match="exceeds"):
+            c.send_many(15, [{"n": "1"}, {"n": "x" * (frames.MAX_FRAME + 1)}], timeout=5)
+        assert c._pending == {}      # (no call is left waiting for an answer)
+
+
 def test_oversized_frame_fails_with_peer_and_request(peer, connect):
     def script(conn):
         read_request(conn)

@@ -212,6 +212,7 @@ class GroupSession:
         self._fresh_process = True              # nothing planned yet by this process
         self._batch_key: str | None = None      # plan_key of the batch this process planned last
         self._progress_seen: dict[MessageQueue, int] = {}   # group progress choose() planned from
+        #: (a queue without an entry there had none)
         self._compact_at = 0                    # plans file size of the next compaction (_compact)
         self.allocated: set[MessageQueue] = set()  # queues the strategy gave this query last time
         #: the group progress this process committed last, per queue (see keep_own_progress)
@@ -367,7 +368,7 @@ class GroupSession:
         with self._mutex:
             self._held = read
             self._fresh_process = False
-        self._progress_seen = {mq: committed.get(mq, -1) for mq in read}
+        self._progress_seen = committed
         self.locked_at_ms = asked_at
         self.allocated = mine
         return read, moved
@@ -395,7 +396,7 @@ class GroupSession:
         live member holds is left out, since that member reads it from the group's progress. So is
         a queue whose group progress is now past the batch's start: another member read it from
         there after the batch was planned. A first batch's start may have been forced below the
-        group's progress (``startingOffsets``): ``past`` (its plan's :meth:`Plan.past`) gives, per
+        group's progress (``startingOffsets``): ``past`` (its :class:`Plan`'s) gives, per
         queue, the offset beyond which the group's progress means another member read it; a first
         batch recorded without it is re-run as planned. The queues read are recorded as this
         client's plan of the batch, so the next planning commits exactly them and a second crash
@@ -557,8 +558,8 @@ class GroupSession:
 
         This client's own record wins. A restarted query (a new client id) finds the batch among
         the group's records: by (start, end), several members' plans for the same offsets are
-        joined (reading a queue twice is at least once; leaving one out would lose it: the latest
-        ``past`` of a queue wins), and a first batch, whose start Spark recomputes after a restart,
+        joined (reading a queue twice is at least once; leaving one out would lose it: the highest
+        ``past`` of a queue counts), and a first batch, whose start Spark recomputes after a restart,
         is found by its end (:meth:`first_batch_plan`).
         """
         key = plan_key(start, end)
