@@ -367,6 +367,33 @@ def test_client_view_refused_and_unlocked_queues_are_not_readable(mgr, clock):
     assert view.process_queue(q(7)) == ProcessQueueLock()
 
 
+def test_client_view_asks_only_for_the_locks_it_does_not_trust(mgr, clock, monkeypatch):
+    """lock_untrusted: queues granted within the client lease are not asked again (their renewal
+    keeps them); refused, unlocked, never asked and lapsed ones are; the answer's time is the
+    oldest trusted grant (the lease boundary as is_readable draws it)."""
+    other = ClientLockView(mgr, "B", client_lease_ms=500)
+    other.lock(q(9))
+    view = ClientLockView(mgr, "A", client_lease_ms=500)
+    base = clock.ms
+    assert view.lock_all([q(0), q(1), q(9)]) == {q(0), q(1)}
+    clock.ms = base + 200
+    assert view.lock_all([q(2), q(3)]) == {q(2), q(3)}
+    view.unlock([q(3)])
+    asked = []
+    real = mgr.try_lock_batch
+    monkeypatch.setattr(mgr, "try_lock_batch", lambda mqs, client: asked.append(sorted(mqs)) or real(mqs, client))
+    clock.ms = base + 500                        # q(0), q(1): granted 500 ms ago, still trusted
+    granted, oldest = view.lock_untrusted([q(0), q(1), q(2), q(3), q(4), q(9)])
+    assert asked == [sorted([q(3), q(4), q(9)])]
+    assert granted == {q(0), q(1), q(2), q(3), q(4)} and oldest == base
+    assert view.trusted([q(0), q(2), q(9)]) == ({q(0), q(2)}, base)
+    clock.ms = base + 501                        # q(0), q(1) lapsed: asked again
+    asked.clear()
+    granted, oldest = view.lock_untrusted([q(0), q(1), q(2)])
+    assert asked == [sorted([q(0), q(1)])] and granted == {q(0), q(1), q(2)} and oldest == base + 200
+    assert all(view.is_readable(mq) == (mq in view.trusted([mq])[0]) for mq in (q(0), q(3), q(9)))
+
+
 @pytest.mark.parametrize("client_lease", [LEASE, LEASE + 1])
 def test_client_lease_must_be_shorter_than_manager_lease(mgr, client_lease):
     with pytest.raises(RmqOptionError, match="must be shorter than the manager lease_ms"):

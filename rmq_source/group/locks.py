@@ -508,13 +508,16 @@ class ClientLockView:
         """(the queues of ``mqs`` this view trusts now, :meth:`is_readable`; when the oldest of
         their grants was asked, now when none)."""
         now = self.now_ms()
+        since = now - self.client_lease_ms        # (is_readable, inlined: thousands of queues)
         trusted, oldest = set(), now
+        queues = self._queues
         with self._mutex:
             for key, mq in _keyed(mqs):
-                pq = self._queues.get(key)
-                if pq is not None and pq.is_readable(now, self.client_lease_ms):
+                pq = queues.get(key)
+                if pq is not None and pq.locked and pq.last_lock_ms >= since:
                     trusted.add(mq)
-                    oldest = min(oldest, pq.last_lock_ms)
+                    if pq.last_lock_ms < oldest:
+                        oldest = pq.last_lock_ms
         return trusted, oldest
 
     def lock(self, mq: Any) -> bool:
