@@ -226,3 +226,27 @@ def test_a_damaged_past_in_a_plan_is_not_used(past, read):
     from rmq_source.group.allocation import MessageQueue
     assert _past_of({"read": ["T|broker-a|0", "T|broker-b|3"], "past": [7, -1]}) == {
         MessageQueue("T", "broker-a", 0): 7, MessageQueue("T", "broker-b", 3): -1}
+
+
+def test_a_lock_lost_under_a_running_query_is_not_trusted_by_its_next_planning(store):
+    """A broker that restarts loses its lock table and another client may take a queue there. The
+    next planning must neither commit that queue's planned range nor plan it again on its own
+    view's trust (the renewal, every 20 s here, has not run since)."""
+    slow = dict(lockLeaseMs="60000", clientLockLeaseMs="30000", lockRenewIntervalMs="20000")
+    r = _reader(store, "a", maxMessagesPerTrigger="8", **slow)
+    try:
+        limit = r.getDefaultReadLimit()
+        start = r.initialOffset()
+        end = r.latestOffset(start, limit)                    # 2 messages of each queue
+        q0 = next(mq for mq in from_json_dict(start) if mq.queue_id == 0)
+        locks = r.session.locks
+        assert locks.unlock_batch([q0], "a") and locks.try_lock_batch([q0], "b") == {q0}
+        # (its tasks find q0 refused: a broker's tasks leave it out, a store's fail the batch)
+        r.commit(end)
+        end2 = r.latestOffset(end, limit)
+        progress = r.group_store.read_offsets([q0], ReadOffsetType.READ_FROM_STORE)
+        assert progress.get(q0, -1) <= 0                       # its planned range not committed
+        assert q0 not in r.session.find_plan(end, end2).read    # nor planned again
+        assert locks.owner(q0) == "b"
+    finally:
+        r.stop()

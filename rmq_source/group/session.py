@@ -647,7 +647,10 @@ class GroupSession:
         if self.orderly and held:
             ask = held if verify is None else held - (self.view.trusted(held)[0]
                                                       - {mq for mq in held if verify(mq)})
+            asked_at = self.locks.now_ms()
             still = self.locks.held_by(ask, self.client_id) if ask else set()
+            if ask - still:       # (the next planning must not trust them: asked again there)
+                self.view.record(ask - still, (), asked_at)
             if self._unanswered_brokers() is not None:
                 self._drop_refused(ask - still)
             held = (held - ask) | still
