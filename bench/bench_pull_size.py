@@ -12,8 +12,7 @@ loop and decode, no Spark), best of ``--repeat`` passes by our CPU. Twice:
 
 Printed per case: wall-clock rate, our CPU per message (this process) and the broker's (its JVM's
 user + system time from ``/proc``), and the ratios of pulls of 1,024 to pulls of 32. The pull size
-is set through ``rmq_source.remote.backend.PULL_BATCH``: the product asks 32, RocketMQ's default
-cap, and has no option for more yet.
+is the backend's ``pull_batch`` (option ``pullBatchSize``, default 32, RocketMQ's default cap).
 
     python bench/bench_pull_size.py [--version 5.3] [--messages 400000] [--repeat 3]
 """
@@ -66,7 +65,6 @@ def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdi
         broker_kw={"extra": caps, "commitlog_size": 128 << 20,
                    "cq_units": max(rocketmq_cluster.CQ_UNITS, messages + 1000)}).start()
     out = []
-    saved = remote_backend.PULL_BATCH
     try:
         broker = cluster.brokers["broker-a"]
         with RemotingClient(timeout=60) as client:
@@ -78,11 +76,11 @@ def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdi
             while not rq.topic_route(client, cluster.namesrv_addr, "PullSize").queue_datas:
                 assert time.monotonic() < deadline, "topic never routed"
                 time.sleep(0.2)
-        backend = remote_backend.ClusterBackendSpec(namesrv_addrs=(cluster.namesrv_addr,)).open()
         mq = MessageQueue("PullSize", "broker-a", 0)
-        _read_all(backend, mq, messages)                       # warm-up pass
         for size in sizes:
-            remote_backend.PULL_BATCH = size
+            backend = remote_backend.ClusterBackendSpec(namesrv_addrs=(cluster.namesrv_addr,),
+                                                        pull_batch=size).open()
+            _read_all(backend, mq, messages)                   # warm-up pass
             best = None
             for _ in range(repeat):
                 w0, c0, b0 = time.perf_counter(), time.process_time(), _cpu_s(broker.proc.pid)
@@ -95,7 +93,6 @@ def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdi
             out.append({"pull": size, "rate": messages / wall, "ours_us": ours / messages * 1e6,
                         "broker_us": theirs / messages * 1e6})
     finally:
-        remote_backend.PULL_BATCH = saved
         cluster.stop(graceful=False)
     return out
 

@@ -54,13 +54,13 @@ class _Uses:
 
 
 
-def _backend(rocketmq, native: bool):
+def _backend(rocketmq, native: bool, pull_batch: int = 32):
     # a timeout of its own: a backend (and its idle pullers) not shared with other tests. (A random
     # one of 1,000 values collided within a session: a test then got an earlier test's pooled
     # connection, which the backend makes again once when it fails at once; 10.5: apart from the
     # random 10.00x of other modules.)
     return ClusterBackendSpec((rocketmq.namesrv_addr,), distinct_timeout(10.5),
-                              native_pulls=native).open()
+                              native_pulls=native, pull_batch=pull_batch).open()
 
 
 def _read(backend, topic, q, start, end, sub, batch_rows, short=None):
@@ -90,6 +90,26 @@ def test_c_pulls_give_the_rows_python_pulls_give(rocketmq, filled, monkeypatch, 
             python = _read(_backend(rocketmq, False), topic, q, start, end, sub, batch_rows)
             assert native == python == expected, (q, batch_rows, len(native), len(python))
     assert uses.pieces > 0 or start == end
+
+
+@pytest.mark.parametrize("pull_batch", [1, 7, 1024])
+def test_every_pull_size_reads_the_same_rows(rocketmq, filled, monkeypatch, pull_batch):
+    """pullBatchSize: pulls of 1 or 7 messages, or of 1,024 (more than the broker answers: it
+    caps a pull at 32 messages and 256 KiB here, and the reading goes on from where each answer
+    stopped), give the rows that were sent, C pulls and Python pulls alike; the Python pulls ask
+    that many messages."""
+    topic, sent = filled
+    asked = []
+    real = rq.send_pull
+    monkeypatch.setattr(rq, "send_pull", lambda *a, **kw: asked.append(kw["max_nums"]) or real(*a, **kw))
+    for sub in ("*", "b || c"):
+        wanted = set(sub.replace(" ", "").split("||"))
+        expected = [(o, sent[0][o][0], sent[0][o][1]) for o in range(13, 500)
+                    if sub == "*" or sent[0][o][1] in wanted]
+        for native in (True, False):
+            got = _read(_backend(rocketmq, native, pull_batch), topic, 0, 13, 500, sub, 8192)
+            assert got == expected, (sub, native, len(got))
+    assert asked and max(asked) == min(pull_batch, 487)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["c-pulls", "python-pulls"])

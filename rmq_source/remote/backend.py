@@ -138,6 +138,8 @@ class ClusterBackendSpec(BackendSpec):
     #: the consumer group pulls name (the query's consumerGroup when it has one): brokers with ACL
     #: check the account's permission on it, brokers without auto-created groups need it to exist
     pull_group: str = PULL_GROUP
+    #: messages asked per pull (option pullBatchSize); the broker answers at most its own caps
+    pull_batch: int = PULL_BATCH
     #: pulls run by the C core (:mod:`.native_pull`) when requests are not signed; False: every
     #: pull through the Python client (the two give the same answers: tests compare them)
     native_pulls: bool = True
@@ -724,7 +726,7 @@ class ClusterBackend(Backend):
         whose answers alone decide what is lost or where a queue ends."""
         expression = sub.expression if not sub.sub_all else "*"
         kind = sub.expression_type
-        max_nums = max(1, min(count, PULL_BATCH))
+        max_nums = max(1, min(count, self.spec.pull_batch))
         slave = self._slave_addr(mq)
         if slave is not None:
             try:
@@ -765,7 +767,7 @@ class ClusterBackend(Backend):
             addr = slave or self._acting_addr(mq.broker_name, False)
             from_slave = from_slave or not self.is_master(mq.broker_name, addr)
             return rq.send_pull(self.pull_client, addr, self.spec.pull_group, mq.topic, mq.queue_id, offset,
-                                max_nums=max(1, min(count, PULL_BATCH)),
+                                max_nums=max(1, min(count, self.spec.pull_batch)),
                                 broker_name=mq.broker_name), from_slave
         except _UNREACHABLE:
             return None, from_slave
@@ -896,7 +898,7 @@ class ClusterBackend(Backend):
                             mine[addr], reused = self._take_puller(addr)
                         puller = mine[addr]
                         ahead = min(in_flight, self._in_flight_to(addr))
-                        puller.range(template, offset, end, per_pull=PULL_BATCH,
+                        puller.range(template, offset, end, per_pull=self.spec.pull_batch,
                                      in_flight=max(1, ahead), timeout_s=self.spec.timeout_s,
                                      expect_suggest=expect, what=str(mq))
                         item = puller.next(max_rows, max_bytes)
@@ -990,7 +992,7 @@ class ClusterBackend(Backend):
             while offset < end:
                 limit = self._in_flight_to(self._masters.get(mq.broker_name))
                 while len(ahead) < limit and next_ask < end:
-                    n = min(PULL_BATCH, end - next_ask)
+                    n = min(self.spec.pull_batch, end - next_ask)
                     ahead.append((next_ask, *self._send_pull(mq, next_ask, n)))
                     next_ask += n
                 asked, call, from_slave = ahead.popleft()
@@ -1087,7 +1089,8 @@ class ClusterBackend(Backend):
         """The answers to the first pulls of the ranges of ``chunk`` at ``addr``, sent together
         on one connection (:meth:`NativePuller.firsts`); Nones when the connection fails (each
         range is then pulled its usual way, which retries)."""
-        pulls = [(self._template(r.mq, sub), r.start, min(PULL_BATCH, r.end - r.start)) for r in chunk]
+        pulls = [(self._template(r.mq, sub), r.start, min(self.spec.pull_batch, r.end - r.start))
+                 for r in chunk]
         broken = (RmqRemotingConnectionError, RmqRemotingTimeoutError, RmqRemotingProtocolError)
         in_flight = min(self.spec.pulls_in_flight * 4, native_pull.MAX_IN_FLIGHT)
         for attempt in (0, 1):

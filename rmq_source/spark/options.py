@@ -153,6 +153,7 @@ class SourceOptions:
     request_retries: int = 5
     retry_backoff_ms: int = 500
     broker_outage_ms: int = 180_000                    # see option brokerOutageTimeoutMs
+    pull_batch: int = 32                               # see option pullBatchSize
     credentials: Credentials | None = None             # ACL (its repr hides the secret key)
     tls: TlsConfig | None = None                       # useTLS (its repr hides the key password)
     group_state_path: str | None = None                # live mode, streaming with consumerGroup
@@ -235,7 +236,7 @@ def _parse_namesrv(opts: dict[str, str]) -> tuple[str, ...] | None:
     """The NameServers of a live cluster, or None for the store mode."""
     if "namesrvAddr" not in opts:
         for name in ("requestTimeoutMs", "requestRetries", "retryBackoffMs", "brokerOutageTimeoutMs",
-                     "accessKey", "secretKey", *TLS_OPTIONS):
+                     "pullBatchSize", "accessKey", "secretKey", *TLS_OPTIONS):
             if name in opts:
                 raise RmqOptionError(f"option {name} only applies with namesrvAddr (a live "
                                      "cluster); store folders are read without credentials")
@@ -387,6 +388,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
                                    maximum=60_000) if "retryBackoffMs" in opts else 500)
     broker_outage_ms = (int_option("brokerOutageTimeoutMs", opts["brokerOutageTimeoutMs"], minimum=0,
                                    maximum=86_400_000) if "brokerOutageTimeoutMs" in opts else 180_000)
+    pull_batch = (int_option("pullBatchSize", opts["pullBatchSize"], minimum=1, maximum=1024)
+                  if "pullBatchSize" in opts else 32)
 
     # What to read
     chosen = [n for n in ("topic", "topicPattern", "assign") if n in opts]
@@ -697,7 +700,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool,
         verify_crc=verify_crc, batch_rows=batch_rows, batch_bytes=batch_bytes,
         namesrv_addrs=namesrv_addrs, request_timeout_ms=request_timeout_ms,
         request_retries=request_retries, retry_backoff_ms=retry_backoff_ms,
-        broker_outage_ms=broker_outage_ms,
+        broker_outage_ms=broker_outage_ms, pull_batch=pull_batch,
         credentials=credentials, tls=tls, group_state_path=group_state_path, namespace=namespace,
         trace_topic=trace_topic,
     )

@@ -18,7 +18,8 @@ def open_backend(opts) -> Backend:
                                      pull_group=opts.consumer_group or wrap(opts.namespace, PULL_GROUP),
                                      retries=opts.request_retries,
                                      retry_backoff_s=opts.retry_backoff_ms / 1000.0,
-                                     outage_s=opts.broker_outage_ms / 1000.0).open()
+                                     outage_s=opts.broker_outage_ms / 1000.0,
+                                     pull_batch=opts.pull_batch).open()
         if opts.trace_topic is not None:
             _check_trace_topic(backend, opts.trace_topic)
         return backend
