@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -89,7 +88,6 @@ class RmqStreamReader(StreamReaderBase):
         self._offset_bytes: dict[str, float] = {}   # topic -> bytes per offset (task sizing)
         #: the max offsets the last planning saw, for the reportLatestOffset that follows it
         self._seen_max: dict[MessageQueue, int] | None = None
-        self._ahead_pool: ThreadPoolExecutor | None = None   # see _ahead
 
     @property
     def session(self) -> GroupSession | None:
@@ -129,21 +127,13 @@ class RmqStreamReader(StreamReaderBase):
                  for mq in mqs})
         return self._initial
 
-    def _reachable_infos(self, mqs, ahead: Future | None = None) -> dict:
-        """:meth:`Backend.infos` of the queues whose broker answers (``ahead``: the answer of
-        :meth:`Backend.infos_reachable` for them or more, asked meanwhile). The queues of a broker
+    def _reachable_infos(self, mqs) -> dict:
+        """:meth:`Backend.infos` of the queues whose broker answers. The queues of a broker
         that does not answer after the request retries are left out: they wait (warned once per
         absence) and are read again once it answers. A broker away longer than
         ``brokerOutageTimeoutMs`` fails the query with ``failOnDataLoss=true``; with ``false``
         its queues go on waiting."""
-        if ahead is None:
-            infos, down = self.backend.infos_reachable(mqs)
-        else:
-            infos, down = ahead.result()
-            infos = {mq: infos[mq] for mq in mqs if mq in infos}
-            if down:
-                names = {mq.broker_name for mq in mqs}
-                down = {broker: exc for broker, exc in down.items() if broker in names}
+        infos, down = self.backend.infos_reachable(mqs)
         for broker, exc in sorted(down.items()):
             queues = sorted(mq for mq in mqs if mq.broker_name == broker)
             msg = (f"broker {broker} does not answer, so its {len(queues)} queue(s) of this query "
@@ -191,21 +181,16 @@ class RmqStreamReader(StreamReaderBase):
         start_map = from_json_dict(start, what="start offset")
         if isinstance(self.strategy, UserStrategy):   # asked once per batch (see AskedOnce)
             self._batch_strategy = AskedOnce(self.strategy)
-        queues = self._queues(start_map)
-        ahead = None
-        if self.session is not None:   # the queues' statistics asked while the group's are
-            ahead = self._ahead().submit(self.backend.infos_reachable,
-                                         sort_queues(set(start_map).union(queues)))
         # (the group's progress of every queue looked at once for the commit and the allocation)
         with self.group_store.one_look() if self.group_store is not None else contextlib.nullcontext():
             self._commit_previous(start_map)
-            starts = self._starts_with_new_queues(start_map, queues)
+            starts = self._starts_with_new_queues(start_map, self._queues(start_map))
             mqs = sort_queues(starts)
             # only the query's own first batch: a restarted process asks initialOffset too (to
             # re-run the first batch) and then plans later batches, where the group's progress counts
             fresh = self._fresh and start == self._initial
             self._fresh = False
-            read, end, latest = self._plan_reachable(mqs, starts, limit, fresh, ahead)
+            read, end, latest = self._plan_reachable(mqs, starts, limit, fresh)
         waited_since: int | None = None
         while self.session is not None and self._target is not None and end == starts:
             # Trigger.AvailableNow and nothing to read now: done, unless the target is not reached
@@ -232,20 +217,13 @@ class RmqStreamReader(StreamReaderBase):
                 self.session.stop()
         return end_json
 
-    def _ahead(self) -> ThreadPoolExecutor:
-        """The thread that asks the queues' statistics while a planning asks the group's."""
-        if self._ahead_pool is None:
-            self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmq-stats-ahead")
-        return self._ahead_pool
-
-    def _plan_reachable(self, mqs, starts, limit, fresh: bool, ahead: Future | None = None):
+    def _plan_reachable(self, mqs, starts, limit, fresh: bool):
         """:meth:`_plan` over the queues whose broker answers now: (read, end, latest). A broker
         that stops answering during the planning (after its statistics came) is found away by
         planning again (whose :meth:`_reachable_infos` decides what its absence means)."""
         tries = 0
         while True:
-            infos = self._reachable_infos(mqs, ahead)
-            ahead = None       # (planning again: asked again)
+            infos = self._reachable_infos(mqs)
             self.backend.check_subscription(self.opts.subscription, infos)
             self._seen_max = {mq: info.max_offset for mq, info in infos.items()}
             latest = self._latest(infos, infos)
@@ -601,7 +579,6 @@ class RmqStreamReader(StreamReaderBase):
         self._session = None
         self._offset_bytes = {}
         self.group_store = None
-        self._ahead_pool = None
 
     def commit(self, end: dict) -> None:
         """Spark committed the batch ending at ``end``.
@@ -657,8 +634,5 @@ class RmqStreamReader(StreamReaderBase):
     def stop(self) -> None:
         """Clean stop: release this query's queue locks and leave the group."""
         self._stopping = True     # (first: a SIGTERM from now on waits for the stop, planner_exit)
-        if self._ahead_pool is not None:
-            self._ahead_pool.shutdown(wait=False)
-            self._ahead_pool = None
         if self._session is not None:
             self._session.stop()
