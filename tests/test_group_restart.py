@@ -228,6 +228,31 @@ def test_a_damaged_past_in_a_plan_is_not_used(past, read):
         MessageQueue("T", "broker-a", 0): 7, MessageQueue("T", "broker-b", 3): -1}
 
 
+@pytest.mark.parametrize("change", [
+    lambda o: o["T"]["broker-a"].__setitem__("0", 8),          # an offset moved in place
+    lambda o: o["T"]["broker-a"].__setitem__("1", 0),          # a queue added
+    lambda o: o["T"].__setitem__("broker-b", {"0": 1}),        # a broker added
+    lambda o: o.__setitem__("U", []),                          # a list put in, then changed
+])
+def test_a_plan_key_follows_offsets_changed_after_it_was_made(change):
+    """plan_key keeps its last keys with a copy of their offsets: offsets changed in place after
+    a key was made get their own key, never the remembered one."""
+    import json
+    from rmq_source.group.session import plan_key
+
+    start, end = {"T": {"broker-a": {"0": 3}}}, {"T": {"broker-a": {"0": 7}, "x": [1, {"y": 2}]}}
+    before = plan_key(start, end)
+    for offsets in (start, end):
+        change(offsets)
+        if "U" in offsets:
+            offsets["U"].append(1)
+        fresh = plan_key(json.loads(json.dumps(start)), json.loads(json.dumps(end)))
+        assert plan_key(start, end) == fresh != before
+        before = fresh
+    end["T"]["x"][1]["y"] = 3                                 # deep inside a list
+    assert plan_key(start, end) != before
+
+
 def test_a_lock_lost_under_a_running_query_is_not_trusted_by_its_next_planning(store):
     """A broker that restarts loses its lock table and another client may take a queue there. The
     next planning must neither commit that queue's planned range nor plan it again on its own

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from rmq_source.errors import RmqBrokerError, RmqRemotingConnectionError
+from rmq_source.errors import RmqBrokerError, RmqRemotingConnectionError, RmqRemotingTimeoutError
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import ReadOffsetType
 from rmq_source.group.progress import reset_group
@@ -127,12 +127,18 @@ class _Keeper:
     """A group offset store whose values and restarts a case sets."""
     group = "GR"
 
-    def __init__(self, values, lost):
-        self.values, self.lost, self.asked = values, lost, []
+    def __init__(self, values, lost, away=()):
+        self.values, self.lost, self.asked, self.away = values, lost, [], set(away)
 
-    def read_offsets(self, mqs, read_type, zero_will_do=None):
+    def read_offsets(self, mqs, read_type, zero_will_do=None, away=None):
+        mqs = list(mqs)
+        if away is None and any(mq.broker_name in self.away for mq in mqs):
+            raise RmqRemotingConnectionError("refused")
+        if away is not None:
+            away |= {mq.broker_name for mq in mqs} & self.away
         # (as a broker's one answer for many queues: 0 for no offset where the caller allows it)
-        return {mq: 0 if zero_will_do is not None and zero_will_do(mq) and self.values.get(mq, -1) < 0
+        return {mq: -1 if mq.broker_name in self.away
+                else 0 if zero_will_do is not None and zero_will_do(mq) and self.values.get(mq, -1) < 0
                 else self.values.get(mq, -1) for mq in mqs}
 
     def may_have_lost(self, broker, written_ms):
@@ -165,6 +171,19 @@ def test_a_commit_of_0_is_asked_for_exactly_only_after_a_restart(restarted):
     got, rewrite = resets.since_last_commit(keeper, taken, {Q0, Q1}, unsaved={})
     assert got == {} and rewrite == ({Q0: 0} if restarted else {})
     assert keeper.asked[0] == ("broker-a", 1000)
+
+
+def test_a_broker_away_is_compared_once_it_answers_the_others_now():
+    """A broker that does not answer leaves its queues uncompared this time (neither a reset nor
+    a lost commit: the planning decides what its absence means); the other brokers' are."""
+    qb = MessageQueue("T", "broker-b", 0)
+    keeper = _Keeper({Q0: 4, qb: 3}, False, away={"broker-b"})
+    taken = {Q0: (10, 1000), qb: (9, 1000)}
+    got, rewrite = resets.since_last_commit(keeper, taken, {Q0, qb}, unsaved={})
+    assert set(got) == {Q0} and got[Q0][0] == 4 and rewrite == {}
+    keeper.away.clear()
+    got, rewrite = resets.since_last_commit(keeper, taken, {Q0, qb}, unsaved={})
+    assert {mq: v for mq, (v, _) in got.items()} == {Q0: 4, qb: 3}
 
 
 def test_a_commit_declined_for_a_pending_reset_is_followed(store, monkeypatch):
@@ -219,6 +238,27 @@ def test_a_broker_may_have_lost_a_commit_only_if_it_restarted(master, answer, lo
     store = BrokerOffsetStore(None, "G", Backend())
     store._written_to["broker-a"] = "a:1"
     assert store.may_have_lost("broker-a", 4500) is lost
+
+
+@pytest.mark.parametrize("error", [RmqRemotingConnectionError("refused"),
+                                   RmqRemotingTimeoutError("no answer in 15 s")])
+def test_a_broker_offset_store_reports_a_broker_away_and_keeps_the_others(error):
+    from rmq_source.backend import Backend
+    from rmq_source.remote.offset_store import BrokerOffsetStore
+
+    qb = MessageQueue("T", "broker-b", 0)
+    store = BrokerOffsetStore(None, "G", type("B", (), {"each_broker": Backend.each_broker})())
+
+    def fetch_broker(broker, queues, zero_will_do):
+        if broker == "broker-b":
+            raise error
+        return {mq: 7 for mq in queues}
+    store._fetch_broker = fetch_broker
+    away = set()
+    assert store.read_offsets([Q0, qb], ReadOffsetType.READ_FROM_STORE, away=away) == {Q0: 7, qb: -1}
+    assert away == {"broker-b"}
+    with pytest.raises(type(error)):
+        store.read_offsets([Q0, qb], ReadOffsetType.READ_FROM_STORE)
 
 
 @pytest.mark.parametrize("orderly", [True, False])

@@ -163,9 +163,11 @@ class OffsetTable(abc.ABC):
         self._mutex = threading.Lock()
 
     @abc.abstractmethod
-    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None) -> dict[MessageQueue, int]:
+    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None,
+               away: set[str] | None = None) -> dict[MessageQueue, int]:
         """Persisted offsets of ``mqs``; queues without one are left out. For a queue where
-        ``zero_will_do(mq)`` is true, 0 may stand for "no offset" (see :meth:`read_offsets`)."""
+        ``zero_will_do(mq)`` is true, 0 may stand for "no offset" (see :meth:`read_offsets`).
+        ``away``: see :meth:`read_offsets`."""
 
     @abc.abstractmethod
     def _write_broker(self, broker: str, entries: Mapping[MessageQueue, int]) -> set[MessageQueue] | None:
@@ -215,14 +217,18 @@ class OffsetTable(abc.ABC):
 
     def read_offsets(self, mqs: Iterable[Any],
                      read_type: ReadOffsetType = ReadOffsetType.MEMORY_FIRST_THEN_STORE,
-                     zero_will_do=None) -> dict[MessageQueue, int]:
+                     zero_will_do=None, away: set[str] | None = None) -> dict[MessageQueue, int]:
         """:meth:`read_offset` for many queues, reading each broker's files once.
 
         ``zero_will_do(mq)``: true for the queues where the caller would do the same with offset
         0 as with no offset (-1). A broker answers a thousand queues' offsets in one request but
         says 0 for both (:func:`rmq_source.remote.requests.consume_stats`); only the queues where
         the difference matters are then asked one by one. Such a 0 may be -1 in truth, so it is
-        not kept in the memory table."""
+        not kept in the memory table.
+
+        ``away``: a set; a broker that cannot be reached (connection refused or lost, no answer
+        in time) is added to it and its queues are left out of the answer (-1), the other
+        brokers' answers are kept. Without it such a broker's error is raised."""
         queues = [_queue(mq) for mq in mqs]
         if not isinstance(read_type, ReadOffsetType):
             raise RmqOptionError(f"read_type must be a ReadOffsetType, got {read_type!r}")
@@ -236,7 +242,7 @@ class OffsetTable(abc.ABC):
             wanted = [mq for mq in queues if mq not in out]
             if read_type is ReadOffsetType.READ_FROM_MEMORY:
                 return {mq: out.get(mq, NO_OFFSET) for mq in queues}
-        found = self._fetch(wanted, zero_will_do) if wanted else {}
+        found = self._fetch(wanted, zero_will_do, away) if wanted else {}
         for mq, offset in found.items():
             if offset or zero_will_do is None or not zero_will_do(mq):
                 self._set(mq, offset, increase_only=False)
@@ -404,8 +410,10 @@ class GroupOffsetStore(OffsetTable):
         return {(topic, qid): offset for (topic, group), queues in table.items()
                 if group == self.group for qid, offset in queues.items()}
 
-    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None) -> dict[MessageQueue, int]:
-        """Offsets found in the stores (ours first, then the broker's); absent queues left out."""
+    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None,
+               away: set[str] | None = None) -> dict[MessageQueue, int]:
+        """Offsets found in the stores (ours first, then the broker's); absent queues left out.
+        (Files are never away.)"""
         found: dict[MessageQueue, int] = {}
         by_broker: dict[str, list[MessageQueue]] = {}
         for mq in mqs:

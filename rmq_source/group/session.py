@@ -69,10 +69,22 @@ def plan_key(start: dict, end: dict) -> str:
                 return key
     text = json.dumps([start, end], sort_keys=True, separators=(",", ":"))
     key = hashlib.sha256(text.encode()).hexdigest()
-    copied = json.loads(text)
     with _KEYS_LOCK:
-        _KEYS_MADE.appendleft((copied[0], copied[1], key))
+        _KEYS_MADE.appendleft((_copied(start), _copied(end), key))
     return key
+
+
+def _copied(value):
+    """A copy of nested dicts and lists (a caller may change its offsets after asking)."""
+    if type(value) is dict:
+        out = dict(value)                   # (a C-level copy; only nested containers copied again)
+        for k, v in out.items():
+            if type(v) is dict or type(v) is list:
+                out[k] = _copied(v)
+        return out
+    if type(value) is list:
+        return [_copied(v) for v in value]
+    return value
 
 
 def member_options(opts) -> dict[str, str]:
@@ -104,15 +116,22 @@ class Plan(NamedTuple):
     past: dict[MessageQueue, int] | None
 
 
+def _per_queue(rec: dict, field: str) -> list | None:
+    """``rec[field]``: a list with one entry per queue of ``rec["read"]``, in its order; None when
+    absent or not aligned with it (a plan of an older version, or a damaged one)."""
+    values, read = rec.get(field), rec.get("read")
+    if not isinstance(values, list) or not isinstance(read, list) or len(values) != len(read):
+        return None
+    return values
+
+
 def _past_of(rec: dict) -> dict[MessageQueue, int] | None:
     """``rec``'s "past" offsets by queue; None when absent or not one integer per queue read
-    (a plan of an older version, or a damaged one: then the re-run is read as planned)."""
-    past, read = rec.get("past"), rec.get("read")
-    if not isinstance(past, list) or not isinstance(read, list) or len(past) != len(read):
+    (then the re-run is read as planned)."""
+    past = _per_queue(rec, "past")
+    if past is None or not all(type(o) is int for o in past):
         return None
-    if not all(type(o) is int for o in past):
-        return None
-    return {MessageQueue.of(*parse_queue_key(k)): o for k, o in zip(read, past)}
+    return {MessageQueue.of(*parse_queue_key(k)): o for k, o in zip(rec["read"], past)}
 
 
 def _offset_of(offsets: dict, mq: MessageQueue) -> int | None:
@@ -620,10 +639,8 @@ class GroupSession:
         found: dict[MessageQueue, int | None] = {}
         for rec in self._plans():
             if rec.get("end") == key:
-                froms = rec.get("from")
-                if not isinstance(froms, list) or len(froms) != len(rec["read"]):
-                    froms = [None] * len(rec["read"])
-                reads = {MessageQueue(*parse_queue_key(k)): (f if isinstance(f, int) else None)
+                froms = _per_queue(rec, "from") or [None] * len(rec["read"])
+                reads = {MessageQueue.of(*parse_queue_key(k)): (f if type(f) is int else None)
                          for k, f in zip(rec["read"], froms)}
                 if rec.get("client") == self.client_id:
                     return reads

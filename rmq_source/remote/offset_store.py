@@ -109,14 +109,24 @@ class BrokerOffsetStore(OffsetTable):
                 call.cancel()
         return done
 
-    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None) -> dict[MessageQueue, int]:
+    def _fetch(self, mqs: list[MessageQueue], zero_will_do=None,
+               away: set[str] | None = None) -> dict[MessageQueue, int]:
+        def one(broker: str, queues: list[MessageQueue]):
+            try:
+                return self._fetch_broker(broker, queues, zero_will_do)
+            except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
+                if away is None:
+                    raise
+                return None
+
         found: dict[MessageQueue, int] = {}
         # (brokers asked side by side: a broker's statistics of thousands of queues take it tens
         # of milliseconds)
-        for part in self.backend.each_broker(
-                lambda broker, queues: self._fetch_broker(broker, queues, zero_will_do),
-                _by_broker(mqs)).values():
-            found.update(part)
+        for broker, part in self.backend.each_broker(one, _by_broker(mqs)).items():
+            if part is None:
+                away.add(broker)
+            else:
+                found.update(part)
         return found
 
     def _fetch_broker(self, broker: str, queues: list[MessageQueue], zero_will_do

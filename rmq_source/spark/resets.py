@@ -57,19 +57,9 @@ def since_last_commit(store, taken: dict[MessageQueue, tuple[int, int]], held,
     def zero_will_do(mq: MessageQueue) -> bool:
         return sure[mq.broker_name] and taken[mq][0] == 0
 
-    now: dict[MessageQueue, int] = {}
-    try:     # (every broker in one question: they are asked side by side)
-        now = store.read_offsets([mq for mq in known if mq.broker_name not in away],
-                                 ReadOffsetType.READ_FROM_STORE, zero_will_do=zero_will_do)
-    except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
-        for broker, queues in sorted(by_broker.items()):   # which broker is away
-            if broker in away:
-                continue
-            try:
-                now.update(store.read_offsets(queues, ReadOffsetType.READ_FROM_STORE,
-                                              zero_will_do=zero_will_do))
-            except (RmqRemotingConnectionError, RmqRemotingTimeoutError):
-                away.add(broker)
+    # (every broker in one question: they are asked side by side)
+    now = store.read_offsets([mq for mq in known if mq.broker_name not in away],
+                             ReadOffsetType.READ_FROM_STORE, zero_will_do=zero_will_do, away=away)
     # a broker away: compared once it answers (the planning decides what its absence means)
     known = [mq for mq in known if mq.broker_name not in away]
     found: Resets = {}
