@@ -90,6 +90,25 @@ def _leader(client, namesrv: str, brokers: list, not_addr: str | None = None):
         time.sleep(0.3)
 
 
+def _wait_frozen(servers, timeout: float = 30.0) -> None:
+    """Wait until every thread of every server's JVM is stopped (a SIGSTOP is delivered to each
+    thread when it next leaves the kernel)."""
+    deadline = time.monotonic() + timeout
+    for server in servers:
+        tasks = f"/proc/{server.proc.pid}/task"
+        while not all(_thread_state(f"{tasks}/{t}/stat") in "tTXZ" for t in os.listdir(tasks)):
+            assert time.monotonic() < deadline, f"{server.addr} not frozen in {timeout:.0f} s"
+            time.sleep(0.05)
+
+
+def _thread_state(stat_path: str) -> str:
+    try:
+        with open(stat_path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"                                          # (a thread that ended meanwhile)
+
+
 def test_killed_leader_store_leaves_out_its_uncommitted_entry(rocketmq_jars, tmp_path_factory, java_work):
     version, jars = rocketmq_jars("4.9")
     with running_cluster(rocketmq_jars, "4.9", tmp_path_factory, "dledger-group", broker_names=()) as cluster:
@@ -115,10 +134,18 @@ def test_killed_leader_store_leaves_out_its_uncommitted_entry(rocketmq_jars, tmp
             for b in followers:
                 os.killpg(b.proc.pid, signal.SIGSTOP)
             try:
+                _wait_frozen(followers)
                 # appended by the leader, never acknowledged by a quorum
-                with pytest.raises(Exception):
-                    rq.send_message(client, leader.addr, TOPIC, b"uncommitted-entry", queue_id=2,
-                                    tags="t0", timeout=5)
+                try:
+                    sent = rq.send_message(client, leader.addr, TOPIC, b"uncommitted-entry",
+                                           queue_id=2, tags="t0", timeout=5)
+                except Exception:
+                    pass
+                else:
+                    master = rq.cluster_info(client, cluster.namesrv_addr).master_addr("broker-a")
+                    pytest.fail(f"{leader.addr} stored a send with its followers frozen ({sent}; "
+                                f"master now {master}, peers {peers}):\n"
+                                + "\n".join(b.log_tails(60) for b in brokers))
                 data = leader.store / f"dledger-n{brokers.index(leader)}" / "data"
                 assert any(b"uncommitted-entry" in f.read_bytes() for f in data.iterdir())
                 leader.kill()
