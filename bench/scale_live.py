@@ -110,7 +110,10 @@ def topic_of(queues: int) -> str:
 
 def start_cluster(workdir: Path, sizes: list[int]):
     version, jars = rocketmq_cluster.resolve_line("5.3")
-    cluster = rocketmq_cluster.Cluster(version, jars, workdir / "cluster", broker_names=BROKERS).start()
+    # (the JIT and GC flags of a production broker, as bench_vs_kafka.py: the test flags, C1 only,
+    # make a broker's statistics of 5,000 queues several times slower than a deployment's)
+    cluster = rocketmq_cluster.Cluster(version, jars, workdir / "cluster", broker_names=BROKERS,
+                                       broker_kw={"jvm_opts": (), "heap_mb": 1024}).start()
     body = b"x" * BODY
     with RemotingClient(timeout=60) as client:
         for queues in sizes:

@@ -2,7 +2,8 @@
  * rmq_core.c - read-only decoder of Apache RocketMQ store files (CommitLog + ConsumeQueue) and of
  * pull answers, into Arrow column buffers, and the pulls themselves (requests sent ahead on a TCP
  * connection, answers read and joined). The store layout it reads is documented in rmq_layout.h,
- * the remoting frames in core/netpull.c, the sink's batch bodies in core/sinkenc.c; the API (and
+ * the remoting frames in core/netpull.c, the sink's batch bodies in core/sinkenc.c, the brokers'
+ * statistics answers in core/stats.c; the API (and
  * every error code) in rmq_core.h.
  *
  * One translation unit made of the units under core/, one concern each, included in dependency
@@ -54,4 +55,5 @@ _Static_assert(RMQ_NBUF == 34, "rmq_batch.bufs size must match RMQ_NBUF");
 #include "core/sql92.c"
 #include "core/sinkenc.c"
 #include "core/traces.c"
+#include "core/stats.c"
 #include "core/export.c"

@@ -497,6 +497,18 @@ int rmq_trace_pub(const uint8_t *batch, int64_t len, int64_t count, const char *
                   int64_t offset_ids_len, const rmq_trace_texts *t, uint8_t *out, int64_t cap,
                   int64_t *ends, uint8_t *keys_out, int64_t keys_cap, int64_t *key_ends,
                   rmq_error *err);
+
+/* -- broker statistics answers (core/stats.c) ---------------------------------------------- */
+
+/* The map ``member`` of a statistics answer (fastjson: MessageQueue objects as keys) into rows:
+ * row r's queue id in queue_ids[r], the integer of fields[k] in values[r * nfields + k] with
+ * present[r * nfields + k] = 1 (0: the entry has no such member). *count rows (at most cap:
+ * RMQ_E_ARG when there are more). RMQ_E_PROTOCOL (position in *err_pos) for anything but that
+ * exact form about ``topic``: the caller's general parser reads it then. */
+int rmq_stats_table(const uint8_t *buf, size_t len, const char *member, size_t member_len,
+                    const char *topic, size_t topic_len, const char *const *fields,
+                    const size_t *field_lens, int nfields, int64_t *queue_ids, int64_t *values,
+                    uint8_t *present, size_t cap, size_t *count, size_t *err_pos);
 /* CDEF END */
 
 #endif

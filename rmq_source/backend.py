@@ -45,10 +45,9 @@ class RangeRead(NamedTuple):
     on_short_read: ShortReadCallback
 
 
-@dataclass(frozen=True)
-class QueueInfo:
+class QueueInfo(NamedTuple):
     """One queue of one topic: it holds offsets ``[min_offset, max_offset)``; ``max_offset`` is
-    the next offset to be written."""
+    the next offset to be written. (A tuple: a planning makes one per queue every batch.)"""
 
     topic: str
     queue_id: int

@@ -132,7 +132,14 @@ def test_message_queue_str_equality_and_hash():
     assert str(mq) == "T/room1@broker-a/7"
     assert mq == MessageQueue("T", "room1@broker-a", 7)
     assert len({mq, MessageQueue("T", "room1@broker-a", 7), MessageQueue("T", "room1@broker-a", 8)}) == 2
-    assert mq != ("T", "room1@broker-a", 7)
+    assert mq != ("T", "room1@broker-a", 7) and ("T", "room1@broker-a", 7) != mq
+    assert not mq == ("T", "room1@broker-a", 7) and not ("T", "room1@broker-a", 7) == mq
+    assert {("T", "room1@broker-a", 7): 1}.get(mq) is None
+    assert mq != "T/room1@broker-a/7" and mq != 7 and mq != MessageQueue("T", "room1@broker-a", -7)
+    # hashed by the tuple's C slot: planning hashes queues ~600,000 times a batch at 10,000 queues
+    assert MessageQueue.__hash__ is tuple.__hash__ and hash(mq) == hash(("T", "room1@broker-a", 7))
+    assert (mq.topic, mq.broker_name, mq.queue_id) == ("T", "room1@broker-a", 7)
+    assert repr(mq) == "MessageQueue(topic='T', broker_name='room1@broker-a', queue_id=7)"
     with pytest.raises(dataclasses.FrozenInstanceError):
         mq.queue_id = 8
     clone = pickle.loads(pickle.dumps(mq))

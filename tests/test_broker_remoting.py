@@ -11,6 +11,7 @@ from rmq_source.errors import RmqBrokerError
 from rmq_source.remote import Connection, RemotingClient
 from rmq_source.remote import frames
 from rmq_source.remote import requests as rq
+from rmq_source.remote.stats_table import read_stats_table
 
 pytestmark = pytest.mark.broker
 
@@ -188,6 +189,11 @@ def test_consume_stats_answer_every_queue_in_one_request_and_zero_for_none(rocke
         assert fast is not None and len(fast) == 12, (body[:120], body[-120:])
         full = fastjson.loads(body)["offsetTable"]
         assert {dict(k)["queueId"]: v for k, v in full.items()} == {k["queueId"]: v for k, v in fast}
+        # the C reader reads the real answers of both lines (every field fastjson wrote)
+        names = tuple(sorted({f for v in full.values() for f in v if type(v[f]) is int}))
+        qids, columns = read_stats_table(body, topic, names)
+        assert dict(zip(qids, zip(*columns))) == {
+            dict(k)["queueId"]: tuple(v.get(f, 0) for f in names) for k, v in full.items()}
 
     asked = []
     real = rq.query_consumer_offset_call

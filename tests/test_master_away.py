@@ -155,8 +155,9 @@ def test_silent_nameservers_do_not_make_a_master_away():
 
 
 def test_silent_nameservers_leave_the_last_route_standing():
-    """A planning while no NameServer answers goes on with the topic's last route (RocketMQ's
-    clients keep theirs); a topic never routed raises, one known not to exist stays unknown."""
+    """A planning while no NameServer answers, or while they no longer route a topic they
+    routed before, goes on with the topic's last route (RocketMQ's clients keep theirs); a topic
+    never routed raises, one known not to exist stays unknown."""
     from rmq_source.errors import RmqUnknownTopicError
     backend = _backend(_Cluster(True, {}))
     route = rq.TopicRoute([{"brokerName": "broker-a", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}],
@@ -182,6 +183,13 @@ def test_silent_nameservers_leave_the_last_route_standing():
     with pytest.raises(RmqRemotingConnectionError, match="no NameServer answered"):
         backend.route("Never")
     silent[0] = False
+    assert backend.route("T") is route and "T" not in backend._routes_stale
+    # its only broker restarting: the NameServers drop its routes, the last one stands
+    answers["T"] = RmqBrokerError("No topic route info in name server for the topic: T",
+                                  code=rq.TOPIC_NOT_EXIST)
+    assert backend.queues_for_topics(["T"]) == [MessageQueue("T", "broker-a", q) for q in range(2)]
+    assert "T" in backend._routes_stale
+    answers["T"] = route
     assert backend.route("T") is route and "T" not in backend._routes_stale
 
 

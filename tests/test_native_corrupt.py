@@ -329,7 +329,7 @@ ASAN_RUNS = {
     "asan": ["tests/test_native_corrupt.py", "tests/test_native_decoder.py",
              "tests/test_native_export.py", "tests/test_native_claims.py", "tests/test_pull_decode.py",
              "tests/test_native_pull.py", "tests/test_sql92.py", "tests/test_sink_encoder.py",
-             "tests/test_traces.py", "tests/test_store_range_reads.py",
+             "tests/test_traces.py", "tests/test_store_range_reads.py", "tests/test_stats_table.py",
              "-k", "not memory_limit"],     # an address-space limit and ASan's shadow do not mix
     "asan-portable": ["tests/test_native_decoder.py", "tests/test_native_export.py",
                       "-k", "not big and not dense"],

@@ -37,7 +37,7 @@ def fill(obj, dirs):
         return obj.replace("{A}", dirs["A"]).replace("{B}", dirs["B"])
     if isinstance(obj, dict):
         return {fill(k, dirs): fill(v, dirs) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, MessageQueue):
         return type(obj)(fill(v, dirs) for v in obj)
     return obj
 

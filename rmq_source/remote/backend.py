@@ -210,34 +210,36 @@ class ClusterBackend(Backend):
 
     def route(self, topic: str) -> rq.TopicRoute:
         """``topic``'s route as the NameServers give it now. While none answers (restarting; a
-        Proxy restarting) the last route this backend was given stands in, as RocketMQ's
-        clients keep theirs: a planning during the outage goes on with it (warned once per
-        outage); with no earlier route the NameServers' error is raised."""
+        Proxy restarting), or when they no longer route a topic they routed before (its only
+        broker restarting: a NameServer drops a broker's routes when its connection closes), the
+        last route this backend was given stands in, as RocketMQ's clients keep theirs: a
+        planning goes on with it (warned once; its brokers' absence is decided where they are
+        asked); with no earlier route the NameServers' error is raised."""
         unknown = (f"option topic: {topic!r} is not in {self.where()}; the NameServer has no "
                    "route for it")
         try:
             route = self._ask_namesrv(f"route of topic {topic!r}",
                                       lambda a: rq.topic_route(self.client, a, topic))
         except RmqBrokerError as exc:
-            if exc.code == rq.TOPIC_NOT_EXIST:
-                with self._mutex:
+            if exc.code != rq.TOPIC_NOT_EXIST:
+                raise
+            with self._mutex:
+                last = self._routes.get(topic)
+                if last is None:
                     self._routes[topic] = None
                     self._routes_stale.discard(topic)
+            if last is None:
                 raise RmqUnknownTopicError(unknown) from None
-            raise
+            return self._last_route(topic, last, "the NameServers no longer route it (its "
+                                    "brokers restarting or deregistered)")
         except _UNREACHABLE as exc:
             with self._mutex:
                 if topic not in self._routes:
                     raise
                 last = self._routes[topic]
-                first = topic not in self._routes_stale
-                self._routes_stale.add(topic)
-            if first:
-                log.warning("route of topic %r: %s; going on with the last route until a "
-                            "NameServer answers again", topic, exc)
             if last is None:
                 raise RmqUnknownTopicError(unknown) from None
-            return last
+            return self._last_route(topic, last, str(exc))
         masters, nodes = route.master_addrs(), route.nodes()
         with self._mutex:
             self._routes[topic] = route
@@ -250,6 +252,15 @@ class ClusterBackend(Backend):
                 self._masters.pop(name, None)
                 self._no_master_at[name] = time.monotonic()
         return route
+
+    def _last_route(self, topic: str, last: rq.TopicRoute, why: str) -> rq.TopicRoute:
+        with self._mutex:
+            first = topic not in self._routes_stale
+            self._routes_stale.add(topic)
+        if first:
+            log.warning("route of topic %r: %s; going on with the last route until a NameServer "
+                        "routes it again", topic, why)
+        return last
 
     def broker_addr(self, broker_name: str) -> str:
         """The master address of ``broker_name`` (from the last route; cluster info otherwise)."""

@@ -20,12 +20,13 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 from rmq_source.store import record_codec as rc
 from rmq_source.errors import RmqBrokerError, RmqRemotingProtocolError
 from rmq_source.remote.client import Call, RemotingClient, check
 from rmq_source.remote.fastjson import keyed_by_objects
+from rmq_source.remote.stats_table import read_stats_table
 from rmq_source.remote.frames import SERIALIZE_ROCKETMQ, RemotingCommand, loads_fastjson
 
 # request codes
@@ -162,8 +163,7 @@ def all_topics(client: RemotingClient, namesrv: str, *, timeout: float | None = 
 
 
 # ------------------------------------------------------------------ topics
-@dataclass(frozen=True)
-class QueueStats:
+class QueueStats(NamedTuple):
     """A queue of one broker: offsets ``[min_offset, max_offset)``; the time of its last message."""
 
     min_offset: int
@@ -191,14 +191,27 @@ def _queue_table(body: bytes, what: str, peer: str, topic: str) -> dict[int, dic
     return out
 
 
+def _stats_columns(body: bytes, what: str, peer: str, topic: str, fields: tuple[str, ...]
+                   ) -> tuple[list[int], list[list[int]]]:
+    """(queue ids, a list per name of ``fields``: each queue's integer, 0 when absent) of the
+    ``offsetTable`` of a statistics answer about ``topic``: read by the C core
+    (:func:`rmq_source.remote.stats_table.read_stats_table`) when it is fastjson's compact form,
+    else by :func:`_queue_table` (which also refuses what is wrong)."""
+    fast = read_stats_table(body, topic, fields) if body else None
+    if fast is not None:
+        return fast
+    table = _queue_table(body, what, peer, topic)
+    return list(table), [[int(v.get(f, 0)) for v in table.values()] for f in fields]
+
+
 def topic_stats(client: RemotingClient, broker: str, topic: str, *, timeout: float | None = None
                 ) -> dict[int, QueueStats]:
     """GET_TOPIC_STATS_INFO: every queue of ``topic`` on ``broker`` in one round trip, by queue id."""
     what = f"GET_TOPIC_STATS_INFO(topic={topic})"
     resp = client.invoke(broker, GET_TOPIC_STATS_INFO, {"topic": topic}, timeout=timeout)
-    return {qid: QueueStats(int(v.get("minOffset", 0)), int(v.get("maxOffset", 0)),
-                            int(v.get("lastUpdateTimestamp", 0)))
-            for qid, v in _queue_table(resp.body, what, broker, topic).items()}
+    qids, columns = _stats_columns(resp.body, what, broker, topic,
+                                   ("minOffset", "maxOffset", "lastUpdateTimestamp"))
+    return dict(zip(qids, map(QueueStats._make, zip(*columns))))
 
 
 def consume_stats(client: RemotingClient, broker: str, group: str, topic: str, *,
@@ -213,8 +226,8 @@ def consume_stats(client: RemotingClient, broker: str, group: str, topic: str, *
     what = f"GET_CONSUME_STATS(group={group}, topic={topic})"
     resp = client.invoke(broker, GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic},
                          timeout=timeout)
-    return {qid: int(v.get("consumerOffset", 0))
-            for qid, v in _queue_table(resp.body, what, broker, topic).items()}
+    qids, (offsets,) = _stats_columns(resp.body, what, broker, topic, ("consumerOffset",))
+    return dict(zip(qids, offsets))
 
 
 #: queues whose GET_MIN_OFFSET + GET_MAX_OFFSET are in flight at once in :func:`queue_offsets`:
