@@ -251,6 +251,10 @@ def test_a_plan_key_follows_offsets_changed_after_it_was_made(change):
         before = fresh
     end["T"]["x"][1]["y"] = 3                                 # deep inside a list
     assert plan_key(start, end) != before
+    # the key plans of earlier versions were recorded under: the hash of [start, end]'s JSON
+    import hashlib
+    assert plan_key(start, end) == hashlib.sha256(json.dumps(
+        [start, end], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def test_a_lock_lost_under_a_running_query_is_not_trusted_by_its_next_planning(store):

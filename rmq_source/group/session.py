@@ -54,24 +54,29 @@ _PLANS_COMPACT_BYTES = 4 << 20  # the plans file is compacted beyond this size
 _WAIT_POLL_S = 0.25             # how often a waiting query looks at the lock table again
 
 
-#: the last keys :func:`plan_key` made: (start, end, key), the offsets copied
-_KEYS_MADE: collections.deque = collections.deque(maxlen=4)
-_KEYS_LOCK = threading.Lock()
+#: the last canonical JSON texts :func:`plan_key` made: (offsets copied, text)
+_TEXTS_MADE: collections.deque = collections.deque(maxlen=4)
+_TEXTS_LOCK = threading.Lock()
 
 
 def plan_key(start: dict, end: dict) -> str:
-    """Stable key of a batch: a hash of its start and end offsets (canonical JSON). A planning
-    asks the same keys several times; comparing offsets is far cheaper than their canonical JSON
-    (milliseconds at thousands of queues), so the last few keys are kept with a copy of theirs."""
-    with _KEYS_LOCK:
-        for made_start, made_end, key in _KEYS_MADE:
-            if made_start == start and made_end == end:
-                return key
-    text = json.dumps([start, end], sort_keys=True, separators=(",", ":"))
-    key = hashlib.sha256(text.encode()).hexdigest()
-    with _KEYS_LOCK:
-        _KEYS_MADE.appendleft((_copied(start), _copied(end), key))
-    return key
+    """Stable key of a batch: the SHA-256 of the canonical JSON of ``[start, end]`` (sorted keys,
+    no spaces), made of each side's canonical text: a batch's start is the last one's end, and a
+    planning asks the same keys several times, so each side's text is kept with a copy of its
+    offsets (comparing offsets is far cheaper than their canonical JSON at thousands of queues)."""
+    text = f"[{_canonical(start)},{_canonical(end)}]"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(offsets) -> str:
+    with _TEXTS_LOCK:
+        for made, text in _TEXTS_MADE:
+            if made == offsets:
+                return text
+    text = json.dumps(offsets, sort_keys=True, separators=(",", ":"))
+    with _TEXTS_LOCK:
+        _TEXTS_MADE.appendleft((_copied(offsets), text))
+    return text
 
 
 def _copied(value):
@@ -521,10 +526,11 @@ class GroupSession:
         from when that is later and ``forced`` (the start was forced by ``startingOffsets``).
         """
         key = plan_key(start, end)
-        queues = sorted(read, key=queue_key)
+        keyed = sorted((queue_key(mq), mq) for mq in read)      # (keys are unique per queue)
+        queues = [mq for _, mq in keyed]
         froms = [_offset_of(start, mq) for mq in queues]
         rec = {"key": key, "end": plan_key(end, end), "client": self.client_id,
-               "read": [queue_key(mq) for mq in queues], "from": froms}
+               "read": [k for k, _ in keyed], "from": froms}
         if first:
             rec["start"] = start
             if past is None:

@@ -522,8 +522,10 @@ class ClusterBackend(Backend):
         mqs = list(mqs)
         by_broker: dict[str, dict[str, list[MessageQueue]]] = {}
         for mq in mqs:
-            self._note_topic(mq)
             by_broker.setdefault(mq.broker_name, {}).setdefault(mq.topic, []).append(mq)
+        for topics in by_broker.values():
+            for group in topics.values():
+                self._note_topic(group[0])
         found: dict[MessageQueue, QueueInfo] = {}
         down: dict[str, Exception] = {}
         for broker, (infos, exc) in self.each_broker(self._broker_infos, by_broker).items():
