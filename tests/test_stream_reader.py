@@ -7,6 +7,8 @@ import os
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rmq_source.spark.compat import ReadAllAvailable, ReadMaxBytes, ReadMaxRows, ReadMinRows
 
 from rmq_source.group.allocation import MessageQueue
@@ -113,6 +115,25 @@ def test_partitions_one_task_per_queue_in_order(store):
 def test_share_limit(backlog, limit, expected):
     got = share_limit(backlog, limit)
     assert got == expected and sum(got.values()) == min(limit, sum(backlog.values()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(backlog=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(-3, 40), max_size=8),
+       limit=st.integers(1, 60))
+def test_share_limit_is_the_largest_remainder_rule(backlog, limit):
+    """Model: floor shares of every queue in order, the rounding left to the largest remainders
+    (ties: queue order); queues without backlog take part and get 0."""
+    total = sum(b for b in backlog.values() if b > 0)
+    if total <= limit:
+        want = {q: max(b, 0) for q, b in backlog.items()}
+    else:
+        want, rest = {}, []
+        for i, q in enumerate(sorted(backlog)):
+            want[q], r = divmod(limit * max(backlog[q], 0), total)
+            rest.append((-r, i, q))
+        for _, _, q in sorted(rest)[:limit - sum(want.values())]:
+            want[q] += 1
+    assert share_limit(backlog, limit) == want
 
 
 def _ranges(parts):
@@ -458,3 +479,26 @@ def test_starting_offsets_by_timestamp_per_queue(store):
     missing = _reader(store, startingOffsetsByTimestamp='{"T":{"broker-a":{"0":1}}}')
     with pytest.raises(RmqOptionError, match="startingOffsetsByTimestamp: no timestamp given for .*T/broker-a/1"):
         missing.initialOffset()
+
+
+def test_skip_lost_moves_only_lost_starts_and_lets_a_slaves_queues_wait(store, caplog):
+    """Planning moves a start the store no longer has to its min (failOnDataLoss=false), leaves
+    starts inside the queue alone whoever answered, and a start only a slave cannot place waits
+    for the master (warned once, again only after the master answered in between)."""
+    from rmq_source.backend import QueueInfo
+    r = _reader(store, failOnDataLoss="false")
+    q = [MessageQueue("T", "broker-a", i) for i in range(4)]
+    starts = {q[0]: 5, q[1]: 5, q[2]: 2, q[3]: 1}
+    infos = {q[0]: QueueInfo("T", 0, 0, 9), q[1]: QueueInfo("T", 1, 3, 9, "slave:1"),
+             q[2]: QueueInfo("T", 2, 4, 9, "slave:1"), q[3]: QueueInfo("T", 3, 3, 9)}
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            out = r._skip_lost(starts, set(q), infos)
+            assert out == {q[0]: 5, q[1]: 5, q[2]: 2, q[3]: 3}
+            assert r._waits_for_master == {q[2]}
+        assert sum("waits for the master" in m for m in caplog.messages) == 1
+        infos[q[2]] = QueueInfo("T", 2, 0, 9)                # its master answers again
+        assert r._skip_lost(starts, set(q), infos)[q[2]] == 2 and not r._waits_for_master
+        infos[q[2]] = QueueInfo("T", 2, 4, 9, "slave:1")     # and goes again: warned again
+        r._skip_lost(starts, set(q), infos)
+        assert sum("waits for the master" in m for m in caplog.messages) == 2

@@ -124,11 +124,11 @@ def share_limit(backlogs: Mapping[MessageQueue, int], limit: int) -> dict[Messag
     total = sum(b for b in backlogs.values() if b > 0)
     if total <= limit:
         return {mq: max(b, 0) for mq, b in backlogs.items()}
-    shares: dict[MessageQueue, int] = {}
+    shares: dict[MessageQueue, int] = dict.fromkeys(backlogs, 0)
     remainders = []
-    for i, mq in enumerate(sort_queues(backlogs)):
-        b = max(backlogs[mq], 0)
-        q, r = divmod(limit * b, total)
+    # (queues without backlog get 0 and no remainder: only the others are ordered)
+    for i, mq in enumerate(sort_queues([mq for mq, b in backlogs.items() if b > 0])):
+        q, r = divmod(limit * backlogs[mq], total)
         shares[mq] = q
         remainders.append((-r, i, mq))
     left = limit - sum(shares.values())

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingTimeoutError
-from rmq_source.group.allocation import MessageQueue, sort_queues
+from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.offset_store import ReadOffsetType
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def since_last_commit(store, taken: dict[MessageQueue, tuple[int, int]], held,
     took last (``taken``: {queue: (offset, ms)}); queues in ``unsaved`` are not compared (their
     keeper has not taken the last commit). Returns (resets, queues whose keeper lost this query's
     commit, with the offset to write again)."""
-    known = sort_queues(mq for mq in held if mq in taken and mq not in unsaved)
+    known = [mq for mq in held if mq in taken and mq not in unsaved]
     by_broker: dict[str, list[MessageQueue]] = {}
     for mq in known:
         by_broker.setdefault(mq.broker_name, []).append(mq)

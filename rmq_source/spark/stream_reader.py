@@ -351,12 +351,12 @@ class RmqStreamReader(StreamReaderBase):
         a re-created queue), all at once: each lost offset is reported once (or raises with
         ``failOnDataLoss``), see :func:`rmq_source.spark.positions.check_data_loss`."""
         out = dict(starts)
-        for mq in sort_queues(read):
+        if self._waits_for_master:   # (warned again if its master goes again)
+            self._waits_for_master -= {mq for mq in read if infos[mq].slave is None}
+        # (nothing lost where start is inside the queue: check_data_loss would answer ``start``)
+        odd = [mq for mq in read if not infos[mq].min_offset <= starts[mq] <= infos[mq].max_offset]
+        for mq in sort_queues(odd):
             info, start = infos[mq], starts[mq]
-            if info.slave is None:
-                self._waits_for_master.discard(mq)   # (warned again if its master goes again)
-            if info.min_offset <= start <= info.max_offset:
-                continue   # (nothing lost: check_data_loss would answer ``start``)
             if info.slave is not None:
                 # only a slave answers and it cannot tell (check_data_loss): the queue waits
                 if mq not in self._waits_for_master:
