@@ -352,3 +352,26 @@ def test_a_topics_first_group_offset_is_answered_before_its_others_are_sent(monk
         first_taken = events.index(("take", topic, 0))
         assert all(events.index(("send", topic, q)) > first_taken for q in range(1, 10))
     assert sorted(e for e in events if e[0] == "send") == sorted(("send", mq.topic, mq.queue_id) for mq in mqs)
+
+
+def test_lock_requests_go_to_the_brokers_side_by_side_and_one_away_is_its_own():
+    """An ordered planning's lock request of each broker is sent side by side (a broker that
+    rides out an outage delays no other); a broker that does not answer leaves its queues away
+    (held_by counts them held: no one can take them there), the other's grants stand."""
+    import threading
+    from rmq_source.remote.locks import BrokerLockManager
+    backend = _backend(_Cluster(True, {}))
+    both_asked = threading.Barrier(2, timeout=10)
+
+    def call(broker, fn, ride_out=False, slave_ok=False):
+        both_asked.wait()                           # (asked one after the other: times out)
+        if broker == "broker-b":
+            raise RmqRemotingConnectionError("refused", peer="127.0.0.1:2")
+        return {("T", "broker-a", q) for q in range(3)}
+    backend._call = call
+    locks = BrokerLockManager(backend, "G", lease_ms=60_000)
+    a = [MessageQueue("T", "broker-a", q) for q in range(3)]
+    b = [MessageQueue("T", "broker-b", q) for q in range(2)]
+    granted, away = locks._lock(a + b, "cid")
+    assert granted == set(a) and away == set(b) and locks.away_brokers == {"broker-b"}
+    assert locks.held_by(a + b, "cid") == set(a + b)

@@ -60,15 +60,22 @@ class BrokerLockManager:
         """Lock or renew ``mqs`` for ``client_id``, one request per broker: (the inputs granted,
         the inputs of brokers that did not answer after the backend's retries; with
         ``ride_out`` after ``brokerOutageTimeoutMs`` of their absence)."""
-        granted, away = set(), set()
-        for broker, pairs in sorted(self._by_broker(mqs).items()):
+        def ask(broker: str, pairs: list) -> tuple[set | None, Exception | None]:
             fields = [f for f, _ in pairs]
             try:
-                got = self.backend._call(broker, lambda addr: rq.lock_batch(
-                    self.backend.client, addr, self.group, client_id, fields), ride_out=ride_out)
+                return self.backend._call(broker, lambda addr: rq.lock_batch(
+                    self.backend.client, addr, self.group, client_id, fields), ride_out=ride_out), None
             except RmqAuthError:
                 raise
             except RmqRemotingError as exc:
+                return None, exc
+
+        granted, away = set(), set()
+        by_broker = self._by_broker(mqs)
+        # (brokers asked side by side: one that does not answer delays no other)
+        for broker, (got, exc) in sorted(self.backend.each_broker(ask, by_broker).items()):
+            pairs = by_broker[broker]
+            if exc is not None:
                 log.warning("consumer group %r: lock of %d queue(s) on broker %s: %s", self.group,
                             len(pairs), broker, exc)
                 self.away_brokers.add(broker)
