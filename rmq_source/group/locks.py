@@ -509,16 +509,19 @@ class ClientLockView:
         their grants was asked, now when none)."""
         now = self.now_ms()
         since = now - self.client_lease_ms        # (is_readable, inlined: thousands of queues)
-        trusted, oldest = set(), now
-        queues = self._queues
+        trusted, oldest = [], now
+        queues, keys = self._queues, _KEYS
+        if isinstance(mqs, (str, bytes)):
+            raise RmqOptionError("mqs must be an iterable of message queues, not a string")
         with self._mutex:
-            for key, mq in _keyed(mqs):
-                pq = queues.get(key)
+            for mq in mqs:
+                key = keys.get(mq) if type(mq) is MessageQueue else None
+                pq = queues.get(key if key is not None else queue_key(mq))
                 if pq is not None and pq.locked and pq.last_lock_ms >= since:
-                    trusted.add(mq)
+                    trusted.append(mq)
                     if pq.last_lock_ms < oldest:
                         oldest = pq.last_lock_ms
-        return trusted, oldest
+        return set(trusted), oldest
 
     def lock(self, mq: Any) -> bool:
         return bool(self.lock_all([mq]))
