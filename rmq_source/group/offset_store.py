@@ -243,9 +243,10 @@ class OffsetTable(abc.ABC):
             if read_type is ReadOffsetType.READ_FROM_MEMORY:
                 return {mq: out.get(mq, NO_OFFSET) for mq in queues}
         found = self._fetch(wanted, zero_will_do, away) if wanted else {}
-        for mq, offset in found.items():
-            if offset or zero_will_do is None or not zero_will_do(mq):
-                self._set(mq, offset, increase_only=False)
+        kept = found if zero_will_do is None else {
+            mq: offset for mq, offset in found.items() if offset or not zero_will_do(mq)}
+        with self._mutex:
+            self._table.update(kept)
         out.update(found)
         return {mq: out.get(mq, NO_OFFSET) for mq in queues}
 
