@@ -1,6 +1,8 @@
 """``bench_scale.py --live`` (issue 44): a live cluster's micro-batches over 8, 1,024 and 10,000 queues.
 
-Starts a NameServer and two brokers of RocketMQ 5.3 (``tests/rocketmq_cluster.py``, loopback) and
+Starts a NameServer and two brokers of RocketMQ 5.3 (``tests/rocketmq_cluster.py``, loopback; the
+brokers with the JVM's own JIT and GC, as a deployment runs them, not the test servers' C1-only
+flags) and
 one topic per size, its queues split over the two brokers (4 + 4, 512 + 512, 5,000 + 5,000;
 ``--quick``: no 10,000), each holding the same ``MESSAGES`` messages of 100 B sent round robin over
 its queues. Then, per topic:
