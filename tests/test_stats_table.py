@@ -133,3 +133,12 @@ def test_a_foreign_entry_is_still_refused_by_the_general_parser():
     assert read_stats_table(body, "T", FIELDS) is None
     with pytest.raises(Exception, match="unexpected statistics entry"):
         rq._stats_columns(body, "Q", "peer", "T", FIELDS)
+
+
+@pytest.mark.parametrize("topic", ["", "T", "TopicOfALongerName"])
+def test_the_most_entries_an_answer_can_hold_fit(topic):
+    """Entries as short as the reader accepts, one after the other: all read, never too many
+    for the room the wrapper makes."""
+    entry = '{"queueId":0,"topic":"%s"}:{}' % topic
+    body = ('{"offsetTable":{' + ",".join([entry] * 500) + "}}").encode()
+    assert read_stats_table(body, topic, ("maxOffset",)) == ([0] * 500, [[0] * 500])

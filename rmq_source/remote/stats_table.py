@@ -15,9 +15,9 @@ import numpy as np
 
 from rmq_source.store.native import ffi, lib
 
-#: the shortest entry the C reader accepts, ``{"queueId":0,"topic":"T"}:{}``, and its comma: an
-#: answer of n bytes has at most n // _MIN_ENTRY_BYTES + 1 entries
-_MIN_ENTRY_BYTES = 28
+#: the shortest entry the C reader accepts is ``{"queueId":0,"topic":""}:{}`` with the topic
+#: between the quotes: an answer of n bytes has at most n // (this + len(topic)) + 1 entries
+_MIN_ENTRY_BYTES = 27
 
 
 def read_stats_table(body: bytes, topic: str, fields: tuple[str, ...], member: str = "offsetTable"
@@ -32,13 +32,13 @@ def read_stats_table(body: bytes, topic: str, fields: tuple[str, ...], member: s
     if not all(isinstance(f, str) and f for f in fields):
         raise TypeError(f"fields must be non-empty str, got {fields!r}")
     names = [ffi.new("char[]", f.encode()) for f in fields]
-    cap = len(body) // _MIN_ENTRY_BYTES + 1
+    member_b, topic_b = member.encode(), topic.encode()
+    cap = len(body) // (_MIN_ENTRY_BYTES + len(topic_b)) + 1
     n = len(fields)
     qids = np.empty(cap, dtype=np.int64)
     values = np.empty(cap * max(n, 1), dtype=np.int64)
     present = np.empty(cap * max(n, 1), dtype=np.uint8)
     count, err_pos = ffi.new("size_t *"), ffi.new("size_t *")
-    member_b, topic_b = member.encode(), topic.encode()
     code = lib.rmq_stats_table(
         ffi.from_buffer(body), len(body), member_b, len(member_b), topic_b, len(topic_b),
         ffi.new("char *[]", names), ffi.new("size_t[]", [len(f.encode()) for f in fields]), n,
