@@ -17,6 +17,7 @@ import pytest
 
 from conftest import require
 from rmq_source.errors import RmqLockError, RmqOptionError
+from rmq_source.group.allocation import MessageQueue
 from rmq_source.group.locks import (ClientLockView, LockEntry, LockRenewer, ProcessQueueLock,
                                     QueueLockManager,
                                     find_lock_overlaps, parse_queue_key, queue_key, read_history)
@@ -699,3 +700,22 @@ def test_process_killed_while_holding_the_file_lock_does_not_block_others(tmp_pa
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
     assert mgr.try_lock(q(0), "A")
+
+
+@pytest.mark.parametrize("mq, error", [
+    (MessageQueue("T", "broker-a", 3), None),
+    (("T", "broker-a", 3), None),
+    (MessageQueue("", "broker-a", 3), "topic must be a non-empty string"),
+    (MessageQueue("T", "", 3), "broker_name must be a non-empty string"),
+    (MessageQueue("T", "broker-a", -1), "queue_id must be an int >= 0"),
+    (("T", "broker-a", True), "queue_id must be an int >= 0"),
+])
+def test_queue_keys_of_queues_and_triples_and_what_is_refused(mq, error):
+    """A lock key names a real queue: MessageQueues (their fields checked without a lookup) and
+    (topic, broker, id) triples alike; an empty name or a negative id is refused."""
+    from rmq_source.group.locks import parse_queue_key, queue_key
+    if error is None:
+        assert parse_queue_key(queue_key(mq)) == ("T", "broker-a", 3)
+    else:
+        with pytest.raises(RmqOptionError, match=error):
+            queue_key(mq)

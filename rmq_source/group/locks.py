@@ -72,6 +72,10 @@ _ACQUIRING = frozenset(("lock", "renew", "expire-takeover"))
 
 
 def _queue_fields(mq: Any) -> tuple[str, str, int]:
+    if type(mq) is MessageQueue:        # (its fields are str, str, int already)
+        topic, broker, qid = mq
+        if topic and broker and qid >= 0:
+            return topic, broker, qid
     if all(hasattr(mq, a) for a in ("topic", "broker_name", "queue_id")):
         fields = (mq.topic, mq.broker_name, mq.queue_id)
     elif isinstance(mq, tuple) and len(mq) == 3:
