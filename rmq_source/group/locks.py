@@ -162,9 +162,14 @@ def _check_ms(name: str, value: object) -> int:
     return value
 
 
-def _keyed(mqs: Iterable[Any]) -> list[tuple[str, Any]]:
+def check_queues_given(mqs: Iterable[Any]) -> None:
+    """Refuse a string where an iterable of message queues is expected (it iterates too)."""
     if isinstance(mqs, (str, bytes)):
         raise RmqOptionError("mqs must be an iterable of message queues, not a string")
+
+
+def _keyed(mqs: Iterable[Any]) -> list[tuple[str, Any]]:
+    check_queues_given(mqs)
     return [(queue_key(mq), mq) for mq in mqs]
 
 
@@ -514,13 +519,11 @@ class ClientLockView:
         now = self.now_ms()
         since = now - self.client_lease_ms        # (is_readable, inlined: thousands of queues)
         trusted, oldest = [], now
-        queues, keys = self._queues, _KEYS
-        if isinstance(mqs, (str, bytes)):
-            raise RmqOptionError("mqs must be an iterable of message queues, not a string")
+        queues = self._queues
+        check_queues_given(mqs)
         with self._mutex:
             for mq in mqs:
-                key = keys.get(mq) if type(mq) is MessageQueue else None
-                pq = queues.get(key if key is not None else queue_key(mq))
+                pq = queues.get(queue_key(mq))
                 if pq is not None and pq.locked and pq.last_lock_ms >= since:
                     trusted.append(mq)
                     if pq.last_lock_ms < oldest:

@@ -21,8 +21,8 @@ import logging
 import time
 from typing import Any, Iterable
 
-from rmq_source.errors import RmqAuthError, RmqBrokerUnavailableError, RmqOptionError, RmqRemotingError
-from rmq_source.group.locks import _queue_fields, queue_key
+from rmq_source.errors import RmqAuthError, RmqBrokerUnavailableError, RmqRemotingError
+from rmq_source.group.locks import _queue_fields, check_queues_given, queue_key
 from rmq_source.remote import requests as rq
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,7 @@ class BrokerLockManager:
     @staticmethod
     def _by_broker(mqs: Iterable[Any]) -> dict[str, list[tuple[tuple[str, str, int], Any]]]:
         """{broker name: [((topic, broker, queueId), the queue as given)]}, each queue once."""
-        if isinstance(mqs, (str, bytes)):
-            raise RmqOptionError("mqs must be an iterable of message queues, not a string")
+        check_queues_given(mqs)
         given = {_queue_fields(mq): mq for mq in mqs}      # (each queue once: the last as given)
         out: dict[str, list] = {}
         for fields, mq in given.items():

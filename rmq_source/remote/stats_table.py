@@ -31,7 +31,8 @@ def read_stats_table(body: bytes, topic: str, fields: tuple[str, ...], member: s
         raise TypeError("topic and member must be str")
     if not all(isinstance(f, str) and f for f in fields):
         raise TypeError(f"fields must be non-empty str, got {fields!r}")
-    names = [ffi.new("char[]", f.encode()) for f in fields]
+    encoded = [f.encode() for f in fields]
+    names = [ffi.new("char[]", f) for f in encoded]
     member_b, topic_b = member.encode(), topic.encode()
     cap = len(body) // (_MIN_ENTRY_BYTES + len(topic_b)) + 1
     n = len(fields)
@@ -41,7 +42,7 @@ def read_stats_table(body: bytes, topic: str, fields: tuple[str, ...], member: s
     count, err_pos = ffi.new("size_t *"), ffi.new("size_t *")
     code = lib.rmq_stats_table(
         ffi.from_buffer(body), len(body), member_b, len(member_b), topic_b, len(topic_b),
-        ffi.new("char *[]", names), ffi.new("size_t[]", [len(f.encode()) for f in fields]), n,
+        ffi.new("char *[]", names), ffi.new("size_t[]", [len(f) for f in encoded]), n,
         ffi.cast("int64_t *", qids.ctypes.data), ffi.cast("int64_t *", values.ctypes.data),
         ffi.cast("uint8_t *", present.ctypes.data), cap, count, err_pos)
     if code == lib.RMQ_E_PROTOCOL:
