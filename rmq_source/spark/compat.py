@@ -111,16 +111,7 @@ if ADMISSION_CONTROL:
         """The stream reader's Spark side: Spark passes each batch's start and limit."""
 
         def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-            import os, cProfile, time as _t
-            d = os.environ.get("RMQ_PROFILE_DIR")
-            if not d:
-                return self.plan_latest(start, limit)
-            pr = cProfile.Profile(); t0 = _t.perf_counter(); pr.enable()
-            try:
-                return self.plan_latest(start, limit)
-            finally:
-                pr.disable()
-                pr.dump_stats(f"{d}/lo-{os.getpid()}-{_t.time_ns()}-{int((_t.perf_counter()-t0)*1000)}.prof")
+            return self.plan_latest(start, limit)
 
         def partitions(self, start: dict, end: dict):
             return self.plan_partitions(start, end)
