@@ -257,6 +257,41 @@ def test_a_plan_key_follows_offsets_changed_after_it_was_made(change):
         [start, end], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def test_plan_records_are_the_same_whatever_a_session_kept_from_the_last_one(tmp_path):
+    """A session keeps the last plan's queues in key order (batch after batch reads the same
+    thousands of queues) and takes a batch's start by queue when the planning has it: every
+    record is what a session that kept nothing writes from the Spark offsets alone."""
+    import json
+    from types import SimpleNamespace
+    from rmq_source.group.allocation import MessageQueue
+    from rmq_source.group.session import GroupSession
+    from rmq_source.spark.offsets import to_json_dict
+
+    def session(where):
+        opts = SimpleNamespace(consumer_group="G", client_id="A", offset_store_path=str(where),
+                               orderly=False, lock_lease_ms=60_000, client_lock_lease_ms=30_000,
+                               allocate_strategy="AVG", subscription=SimpleNamespace(expression="*"),
+                               nearby_inner_strategy=None, virtual_node_count=None, topics=("T",),
+                               topic_pattern=None, assign=None)
+        return GroupSession(opts, strategy=None, group_store=None)
+
+    mqs = [MessageQueue.of("T", b, q) for b in ("broker-b", "broker-a") for q in (10, 2, 0)]
+    a, b, c = set(mqs[:3]), set(mqs[2:]), set(mqs[3:])      # (c: as many queues as a)
+    kept = session(tmp_path / "kept")
+    lines = []
+    for n, read in enumerate([a, a, b, set(a), c, a | b, set(), a, a]):
+        start = {mq: 5 * n + mq.queue_id for mq in mqs}
+        start_json, end_json = to_json_dict(start), to_json_dict({mq: o + 1 for mq, o in start.items()})
+        kept.record_plan(start_json, end_json, read, first=n == 0, start_offsets=start)
+        fresh = session(tmp_path / f"fresh{n}")
+        fresh.record_plan(start_json, end_json, set(read), first=n == 0)
+        lines.append(fresh._plan_lines()[-1])
+    assert kept._plan_lines() == lines
+    assert [json.loads(line)["read"] for line in lines[2:4]] == [
+        ["T|broker-a|0", "T|broker-a|10", "T|broker-a|2", "T|broker-b|0"],
+        ["T|broker-b|0", "T|broker-b|10", "T|broker-b|2"]]
+
+
 def test_a_lock_lost_under_a_running_query_is_not_trusted_by_its_next_planning(store):
     """A broker that restarts loses its lock table and another client may take a queue there. The
     next planning must neither commit that queue's planned range nor plan it again on its own

@@ -502,3 +502,45 @@ def test_skip_lost_moves_only_lost_starts_and_lets_a_slaves_queues_wait(store, c
         infos[q[2]] = QueueInfo("T", 2, 4, 9, "slave:1")     # and goes again: warned again
         r._skip_lost(starts, set(q), infos)
         assert sum("waits for the master" in m for m in caplog.messages) == 2
+
+
+@pytest.mark.parametrize("call", ["latestOffset", "partitions", "reportLatestOffset"])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_collector_is_paused_while_the_driver_plans_and_restored_after(store, monkeypatch,
+                                                                          call, fails):
+    """Spark's driver-side calls run with the cyclic collector paused (gc_pause: per-queue
+    objects of a planning would be promoted and set off full collections), and leave it as they
+    found it, also when they fail; a caller's own gc.disable() stands."""
+    import gc
+    from rmq_source.spark import stream_reader
+
+    r = _reader(store, consumerGroup="G", offsetStorePath=str(store / "offsets"))
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    seen = []
+
+    def watched(real):
+        def run(*args, **kwargs):
+            seen.append(gc.isenabled())
+            if fails:
+                raise RmqOptionError("made to fail")
+            return real(*args, **kwargs)
+        return run
+    monkeypatch.setattr(stream_reader, "from_json_dict", watched(stream_reader.from_json_dict))
+    monkeypatch.setattr(stream_reader, "to_json_dict", watched(stream_reader.to_json_dict))
+    calls = {"latestOffset": lambda: r.latestOffset(end, r.getDefaultReadLimit()),
+             "partitions": lambda: r.partitions(start, end),
+             "reportLatestOffset": r.reportLatestOffset}
+    try:
+        for caller_enabled in (True, False):
+            (gc.enable if caller_enabled else gc.disable)()
+            seen.clear()
+            try:
+                calls[call]()
+            except RmqOptionError:
+                assert fails
+            assert seen and not any(seen), seen
+            assert gc.isenabled() is caller_enabled
+    finally:
+        gc.enable()
+        r.stop()

@@ -235,6 +235,8 @@ class GroupSession:
         self._held: set[MessageQueue] = set()   # queues read in the last planned batch
         self._fresh_process = True              # nothing planned yet by this process
         self._batch_key: str | None = None      # plan_key of the batch this process planned last
+        #: (queues, their keys sorted, the queues in that order) of the last plan recorded
+        self._last_read: tuple[frozenset, list[str], list[MessageQueue]] | None = None
         self._progress_seen: dict[MessageQueue, int] = {}   # group progress choose() planned from
         #: (a queue without an entry there had none)
         self._compact_at = 0                    # plans file size of the next compaction (_compact)
@@ -515,8 +517,10 @@ class GroupSession:
                       if cid != self.client_id and now - t <= timeout and t < since_ms)
 
     def record_plan(self, start: dict, end: dict, read: set[MessageQueue], first: bool = False,
-                    forced: bool = False, past: dict[MessageQueue, int] | None = None) -> None:
+                    forced: bool = False, past: dict[MessageQueue, int] | None = None,
+                    start_offsets: dict[MessageQueue, int] | None = None) -> None:
         """Persist which queues the batch (start, end) reads, before Spark logs the batch.
+        ``start_offsets``: ``start`` by queue when the caller has it (the same offsets).
 
         ``first`` marks a query's first batch: its start offsets are kept too, because Spark re-runs
         that batch after a restart from a freshly computed ``initialOffset`` (see
@@ -526,11 +530,13 @@ class GroupSession:
         from when that is later and ``forced`` (the start was forced by ``startingOffsets``).
         """
         key = plan_key(start, end)
-        keyed = sorted((queue_key(mq), mq) for mq in read)      # (keys are unique per queue)
-        queues = [mq for _, mq in keyed]
-        froms = [_offset_of(start, mq) for mq in queues]
+        keys, queues = self._read_in_key_order(read)
+        if start_offsets is None:
+            froms = [_offset_of(start, mq) for mq in queues]
+        else:
+            froms = [start_offsets.get(mq) for mq in queues]
         rec = {"key": key, "end": plan_key(end, end), "client": self.client_id,
-               "read": [k for k, _ in keyed], "from": froms}
+               "read": keys, "from": froms}
         if first:
             rec["start"] = start
             if past is None:
@@ -544,6 +550,17 @@ class GroupSession:
             size = nofollow.file_size(self.plans_path, error_cls=RmqLockError)
             if size is not None and size > max(_PLANS_COMPACT_BYTES, self._compact_at):
                 self._compact()
+
+    def _read_in_key_order(self, read: set[MessageQueue]) -> tuple[list[str], list[MessageQueue]]:
+        """(the queue keys of ``read`` sorted, its queues in that order); the last answer is kept:
+        batch after batch reads the same thousands of queues."""
+        last = self._last_read
+        if last is not None and last[0] == read:
+            return last[1], last[2]
+        keyed = sorted((queue_key(mq), mq) for mq in read)      # (keys are unique per queue)
+        keys, queues = [k for k, _ in keyed], [mq for _, mq in keyed]
+        self._last_read = (frozenset(read), keys, queues)
+        return keys, queues
 
     def _compact(self) -> None:
         """Keep the last ``_PLANS_KEEP`` plans (fewer when they take more than half of

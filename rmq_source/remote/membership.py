@@ -21,6 +21,7 @@ It has the interface :class:`rmq_source.group.session.GroupSession` uses of the 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Iterable
 
@@ -68,28 +69,44 @@ class BrokerMembership:
         return sorted(names)
 
     def heartbeat(self) -> list[str]:
-        """Heartbeat to every broker of the topics; the group's consumers they list, Java-sorted
-        (this client included). A broker down is waited for with the backend's retries; one that
-        stays down is skipped (its queues are then not readable either) unless none answers."""
-        answered, errors, cids = 0, [], set()
+        """Heartbeat to every broker of the topics, side by side; the group's consumers they list,
+        Java-sorted (this client included). A broker down is waited for with the backend's
+        retries; one that stays down is skipped (its queues are then not readable either) unless
+        none answers."""
         listed: dict[str, list[str]] = {}      # address -> its consumer list, this round
-        for name in self._brokers():
-            def beat(addr, name=name):
+        per_addr: dict[str, threading.Lock] = {}
+        guard = threading.Lock()
+
+        def at(addr):   # (once per address: the broker names behind a Proxy share one)
+            with guard:
+                lock = per_addr.setdefault(addr, threading.Lock())
+            with lock:
                 if addr not in listed:
                     rq.heartbeat(self.client, addr, self.client_id,
                                  consumer_groups={self.group: list(self.topics)},
-                                 subscription=self.subscription, expression_type=self.expression_type,
+                                 subscription=self.subscription,
+                                 expression_type=self.expression_type,
                                  consume_from_where=self.consume_from_where)
                     listed[addr] = rq.consumer_list(self.client, addr, self.group)
-                self._joined.add(name)
                 return listed[addr]
+
+        def beat(name, _):
             try:
-                cids.update(self.backend._call(name, beat, slave_ok=True))
-                answered += 1
+                cids = self.backend._call(name, at, slave_ok=True)
             except RmqAuthError:
                 raise            # an ACL refusal is not a broker being down
             except RmqRemotingError as exc:
-                errors.append(f"{name}: {exc}")
+                return exc
+            self._joined.add(name)
+            return cids
+
+        answered, errors, cids = 0, [], set()
+        for name, got in self.backend.each_broker(beat, dict.fromkeys(self._brokers())).items():
+            if isinstance(got, RmqRemotingError):
+                errors.append(f"{name}: {got}")
+            else:
+                cids.update(got)
+                answered += 1
         if errors and not answered:
             raise RmqRemotingConnectionError(
                 f"consumer group {self.group!r}: no broker took the heartbeat of "

@@ -32,6 +32,7 @@ from rmq_source.group.allocation import (AllocateMessageQueueAveragely, AskedOnc
 from rmq_source.errors import (RmqAllocationError, RmqAuthError, RmqBrokerUnavailableError, RmqLockError,
                                RmqRemotingConnectionError, RmqRemotingError, RmqRemotingTimeoutError)
 from rmq_source.group.offset_store import ReadOffsetType
+from rmq_source.spark.gc_pause import collector_paused
 from rmq_source.spark.offsets import from_json_dict, to_json_dict
 from rmq_source.backend import TaskLock
 from rmq_source.spark.planner_exit import leave_cleanly_on_sigterm
@@ -173,6 +174,7 @@ class RmqStreamReader(StreamReaderBase):
                 starts[mq] = info.min_offset
         return starts
 
+    @collector_paused()   # (per-queue objects of a planning die young: gc_pause)
     def plan_latest(self, start: dict, limit: ReadLimit) -> dict:
         """The end of the next micro-batch starting at ``start`` (Spark's ``latestOffset``): every
         queue's offset after the admission limits (``limit`` is Spark's, or the default read
@@ -205,7 +207,7 @@ class RmqStreamReader(StreamReaderBase):
         end_json = to_json_dict(end)
         if self.session is not None:
             self.session.record_plan(start, end_json, read, first=start == self._initial,
-                                     forced=fresh)
+                                     forced=fresh, start_offsets=start_map)
             per_topic = dict.fromkeys((mq.topic for mq in read), 0)
             for mq in read:
                 per_topic[mq.topic] += max(0, end[mq] - starts[mq])
@@ -455,6 +457,7 @@ class RmqStreamReader(StreamReaderBase):
             return ReadMinRows(o.min_messages_per_trigger)
         return ReadAllAvailable()
 
+    @collector_paused()
     def reportLatestOffset(self) -> dict:
         """The queues' max offsets (a metric Spark asks right after ``latestOffset``): those the
         planning just saw, as Spark's Kafka source reports the offsets its planning fetched; asked
@@ -480,6 +483,7 @@ class RmqStreamReader(StreamReaderBase):
                  ("minMessagesPerTrigger", o.min_messages_per_trigger))
         return [f"{name}={value}" for name, value in named if value]
 
+    @collector_paused()
     def plan_partitions(self, start: dict, end: dict):
         """The tasks of the micro-batch ``[start, end)`` (Spark's ``partitions``)."""
         ends = from_json_dict(end, what="end offset")
