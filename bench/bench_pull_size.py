@@ -12,9 +12,11 @@ loop and decode, no Spark), best of ``--repeat`` passes by our CPU. Twice:
 
 Printed per case: wall-clock rate, our CPU per message (this process) and the broker's (its JVM's
 user + system time from ``/proc``), and the ratios of pulls of 1,024 to pulls of 32. The pull size
-is the backend's ``pull_batch`` (option ``pullBatchSize``, default 32, RocketMQ's default cap).
+is the backend's ``pull_batch`` (option ``pullBatchSize``, default 32, RocketMQ's default cap);
+``--default-in-flight 4,8`` compares pulls in flight per queue at the default caps.
 
     python bench/bench_pull_size.py [--version 5.3] [--messages 400000] [--repeat 3]
+                                    [--default-in-flight 4,8]
 """
 from __future__ import annotations
 
@@ -57,8 +59,10 @@ def _read_all(backend, mq: MessageQueue, end: int) -> int:
     return rows
 
 
-def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdir: Path) -> list[dict]:
-    """One broker with ``caps``: for each pull size, the best pass by our CPU."""
+def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdir: Path,
+             in_flight=(remote_backend.PULLS_IN_FLIGHT,)) -> list[dict]:
+    """One broker with ``caps``: for each pull size and pulls in flight, the best pass by our
+    CPU."""
     release, jars = rocketmq_cluster.resolve_line(version)
     cluster = rocketmq_cluster.Cluster(
         release, jars, workdir, broker_names=("broker-a",),
@@ -77,9 +81,9 @@ def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdi
                 assert time.monotonic() < deadline, "topic never routed"
                 time.sleep(0.2)
         mq = MessageQueue("PullSize", "broker-a", 0)
-        for size in sizes:
+        for size, ahead in [(size, ahead) for size in sizes for ahead in in_flight]:
             backend = remote_backend.ClusterBackendSpec(namesrv_addrs=(cluster.namesrv_addr,),
-                                                        pull_batch=size).open()
+                                                        pull_batch=size, pulls_in_flight=ahead).open()
             _read_all(backend, mq, messages)                   # warm-up pass
             best = None
             for _ in range(repeat):
@@ -90,7 +94,8 @@ def run_case(version: str, messages: int, repeat: int, caps: dict, sizes, workdi
                 if best is None or passed[1] < best[1]:
                     best = passed
             wall, ours, theirs = best
-            out.append({"pull": size, "rate": messages / wall, "ours_us": ours / messages * 1e6,
+            out.append({"pull": size, "ahead": ahead, "rate": messages / wall,
+                        "ours_us": ours / messages * 1e6,
                         "broker_us": theirs / messages * 1e6})
     finally:
         cluster.stop(graceful=False)
@@ -102,21 +107,27 @@ def main() -> None:
     ap.add_argument("--version", default="5.3", choices=("4.9", "5.3"))
     ap.add_argument("--messages", type=int, default=400_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--default-in-flight", default=f"{remote_backend.PULLS_IN_FLIGHT}",
+                    help="pulls in flight per queue to compare at the default caps (comma-separated; "
+                         "the raised caps run the default)")
     args = ap.parse_args()
+    compared = tuple(int(v) for v in args.default_in_flight.split(","))
     rows = []
     with tempfile.TemporaryDirectory(prefix="rmq-pull-size-") as tmp:
-        for label, caps, sizes in (("default", {}, (32,)), ("raised", RAISED, SIZES)):
+        for label, caps, sizes, ahead in (("default", {}, (32,), compared),
+                                          ("raised", RAISED, SIZES, (remote_backend.PULLS_IN_FLIGHT,))):
             print(f"RocketMQ {args.version}, {label} transfer caps, {args.messages:,} messages of "
                   f"{len(BODY)} B ...", flush=True)
-            for r in run_case(args.version, args.messages, args.repeat, caps, sizes, Path(tmp) / label):
-                rows.append([label, r["pull"], f"{r['rate'] / 1e3:,.0f} k", f"{r['ours_us']:.2f}",
-                             f"{r['broker_us']:.2f}"])
+            for r in run_case(args.version, args.messages, args.repeat, caps, sizes, Path(tmp) / label,
+                              ahead):
+                rows.append([label, r["pull"], r["ahead"], f"{r['rate'] / 1e3:,.0f} k",
+                             f"{r['ours_us']:.2f}", f"{r['broker_us']:.2f}"])
                 if label == "raised" and r["pull"] == SIZES[0]:
                     base = r
                 if label == "raised" and r["pull"] == SIZES[-1]:
                     top = r
-    print_table(["broker caps", "messages a pull", "wall-clock rate", "ours us CPU/msg",
-                 "broker us CPU/msg"], rows)
+    print_table(["broker caps", "messages a pull", "pulls in flight", "wall-clock rate",
+                 "ours us CPU/msg", "broker us CPU/msg"], rows)
     print(f"pulls of {SIZES[-1]} vs {SIZES[0]} (raised caps): ours {base['ours_us'] / top['ours_us']:.2f}x "
           f"less CPU a message, the broker {base['broker_us'] / top['broker_us']:.2f}x, wall clock "
           f"{top['rate'] / base['rate']:.2f}x")

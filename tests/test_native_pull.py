@@ -536,3 +536,69 @@ def test_first_pulls_a_peer_fails_are_an_error_naming_them(broker, peer, error, 
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")) as info:
         p.firsts(_templates(4), in_flight=2, timeout_s=0.3, what="4 queues of b")
     assert "4 queues of b" in str(info.value) and p.closed
+
+
+class _Records:
+    """A socket.create_connection stand-in: one end of an AF_UNIX SOCK_SEQPACKET pair, where each
+    send of the puller arrives as one record at the other end (TCP would merge or split them)."""
+
+    def __init__(self):
+        self.ours, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def settimeout(self, _):
+        pass
+
+    def setsockopt(self, *_):
+        pass
+
+    def fileno(self):
+        return self.ours.fileno()
+
+    def close(self):
+        self.ours.close()
+
+
+@pytest.mark.parametrize("in_flight", [1, 3, 8])
+def test_pulls_freed_by_one_receive_go_out_in_one_send(monkeypatch, in_flight):
+    """The peer answers every pull in flight at once: the pulls those answers free are built as
+    each answer is taken and sent together before the puller waits again (one send, not one per
+    pull: on loopback a send costs about what the broker's handling of it does)."""
+    link = _Records()
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: link)
+    sends: list[list[RemotingCommand]] = []
+
+    def peer():
+        outstanding = []
+        while True:
+            try:
+                record = link.peer.recv(1 << 16)
+            except OSError:          # (closed at the test's end)
+                return
+            if not record:
+                return
+            reqs, at = [], 0
+            while at < len(record):
+                size = struct.unpack(">i", record[at:at + 4])[0]
+                reqs.append(frames.decode(record[at + 4:at + 4 + size]))
+                at += 4 + size
+            sends.append(reqs)
+            outstanding += reqs
+            if len(outstanding) == in_flight or int(reqs[-1].ext_fields["queueOffset"]) + 4 >= 120:
+                link.peer.sendall(b"".join(pull_answer(r, n_messages=120, cap=4) for r in outstanding))
+                outstanding.clear()
+    serving = threading.Thread(target=peer, daemon=True)
+    serving.start()
+    p = NativePuller("127.0.0.1:1", connect_timeout=5)
+    p.range(TEMPLATE, 0, 120, per_pull=4, in_flight=in_flight, timeout_s=5, expect_suggest=0,
+            what="T@b/3")
+    try:
+        assert b"".join(d.body for d in drain(p)) == joined(0, 120)
+    finally:
+        p.close()
+        link.peer.shutdown(socket.SHUT_RDWR)
+        serving.join(10)
+        link.peer.close()
+    asked = [int(r.ext_fields["queueOffset"]) for s in sends for r in s]
+    assert asked == list(range(0, 120, 4))
+    assert [len(s) for s in sends] == [in_flight] * (30 // in_flight) + (
+        [30 % in_flight] if 30 % in_flight else [])

@@ -56,6 +56,8 @@ struct rmq_puller {
     int64_t in_start, in_len, in_cap;
     uint8_t *out;           /* bodies joined (DATA) */
     int64_t out_len, out_cap;
+    uint8_t *wbuf;          /* requests built, not sent yet: sent together (np_flush) */
+    int64_t wbuf_len, wbuf_cap;
     uint8_t *held;          /* a frame for the caller's next call (ANSWER or REQUEST) */
     int64_t held_len, held_cap, held_asked;
     int held_status;        /* -1: nothing held */
@@ -355,6 +357,7 @@ static void np_drop_slots(rmq_puller *p) {
     }
     p->head = p->count = 0;
     p->ask = p->pos;
+    p->wbuf_len = 0;        /* (pulls built and not sent belong to the slots dropped) */
 }
 
 rmq_puller *rmq_puller_new(int fd, rmq_error *err) {
@@ -382,6 +385,7 @@ void rmq_puller_free(rmq_puller *p) {
     free(p->tmpl);
     free(p->in);
     free(p->out);
+    free(p->wbuf);
     free(p->held);
     free(p);
 }
@@ -477,23 +481,19 @@ int rmq_puller_send(rmq_puller *p, const uint8_t *buf, int64_t len, int32_t time
     return np_send_all(p, buf, len, np_now_ms() + timeout_ms, err);
 }
 
-/* Write one PULL_MESSAGE: the template tmpl[0, tmpl_len) with the opaque, the queue offset and
- * the count inserted at cut[0..2]. */
-static int np_write_pull(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const int32_t *cut,
-                         int32_t opaque, int64_t offset, int32_t nums, int64_t deadline, rmq_error *err) {
+/* Add one PULL_MESSAGE to the requests not sent yet: the template tmpl[0, tmpl_len) with the
+ * opaque, the queue offset and the count inserted at cut[0..2]. */
+static int np_put_pull(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const int32_t *cut,
+                       int32_t opaque, int64_t offset, int32_t nums, rmq_error *err) {
     char num[3][24];
     int nl[3];
     nl[0] = snprintf(num[0], sizeof num[0], "%d", (int)opaque);
     nl[1] = snprintf(num[1], sizeof num[1], "%lld", (long long)offset);
     nl[2] = snprintf(num[2], sizeof num[2], "%d", (int)nums);
-    uint8_t frame[8 + 4096 + 72];
-    uint8_t *big = NULL, *f = frame;
     int64_t hlen = tmpl_len + nl[0] + nl[1] + nl[2];
-    if (8 + hlen > (int64_t)sizeof frame) {
-        big = malloc((size_t)(8 + hlen));
-        if (!big) return np_err(p, err, RMQ_E_NOMEM, 0, "%s", "out of memory");
-        f = big;
-    }
+    if (np_reserve(&p->wbuf, &p->wbuf_cap, p->wbuf_len + 8 + hlen))
+        return np_err(p, err, RMQ_E_NOMEM, 0, "%s", "out of memory");
+    uint8_t *f = p->wbuf + p->wbuf_len;
     np_put32(f, (uint32_t)(4 + hlen));
     np_put32(f + 4, (uint32_t)hlen);   /* serialize type 0: JSON */
     int64_t w = 8, from = 0;
@@ -506,9 +506,18 @@ static int np_write_pull(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, c
     }
     memcpy(f + w, tmpl + from, (size_t)(tmpl_len - from));
     w += tmpl_len - from;
-    int rc = np_send_all(p, f, w, deadline, err);
-    free(big);
-    return rc;
+    p->wbuf_len += w;
+    return RMQ_OK;
+}
+
+/* Send the requests added since the last flush in one write. Requests are built as slots free
+ * up and sent only before the loop waits for input or returns to its caller: the answers one
+ * receive brings free several slots, and their pulls then cost one send (on loopback a send
+ * costs about what the peer's handling of it does), not one each. */
+static int np_flush(rmq_puller *p, rmq_error *err) {
+    int64_t len = p->wbuf_len;
+    p->wbuf_len = 0;
+    return len ? np_send_all(p, p->wbuf, len, np_now_ms() + p->timeout_ms, err) : RMQ_OK;
 }
 
 static int32_t np_opaque(rmq_puller *p) {
@@ -517,10 +526,11 @@ static int32_t np_opaque(rmq_puller *p) {
     return opaque;
 }
 
-static int np_send_pull(rmq_puller *p, int64_t offset, int32_t nums, rmq_error *err) {
+/* Add the pull of nums messages at offset to the requests to send (np_flush) and give it a slot. */
+static int np_queue_pull(rmq_puller *p, int64_t offset, int32_t nums, rmq_error *err) {
     int32_t opaque = np_opaque(p);
     int64_t now = np_now_ms();
-    int rc = np_write_pull(p, p->tmpl, p->tmpl_len, p->cut, opaque, offset, nums, now + p->timeout_ms, err);
+    int rc = np_put_pull(p, p->tmpl, p->tmpl_len, p->cut, opaque, offset, nums, err);
     if (rc) return rc;
     np_slot *s = &p->slots[(p->head + p->count) % NP_MAX_SLOTS];
     s->opaque = opaque;
@@ -625,6 +635,7 @@ static int np_await_frame(rmq_puller *p, int64_t deadline, const uint8_t **frame
         int rc = np_frame(p, frame, len, err);
         if (rc) return rc;
         if (*frame) break;
+        if ((rc = np_flush(p, err))) return rc;       /* (what is built goes before any wait) */
         rc = np_fill(p, deadline, err);
         if (rc) return rc;
     }
@@ -688,8 +699,19 @@ static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pu
            p->pos >= p->end;
 }
 
+static int np_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull_out *o,
+                   rmq_error *err);
+
 int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull_out *o,
                     rmq_error *err) {
+    int rc = np_next(p, max_rows, max_bytes, o, err);
+    /* pulls built on the way out go now, not at the next call: the broker works meanwhile */
+    if (rc == RMQ_OK && p && p->wbuf_len) rc = np_flush(p, err);
+    return rc;
+}
+
+static int np_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull_out *o,
+                   rmq_error *err) {
     clear_err(err);
     if (!p || !o || max_rows < 1 || max_bytes < 1)
         return set_err(err, RMQ_E_ARG, NULL, -1, -1, -1, "bad pull arguments");
@@ -715,7 +737,7 @@ int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull
         }
         while (p->count < p->in_flight && p->ask < p->end) {
             int64_t n = p->end - p->ask < p->per_pull ? p->end - p->ask : p->per_pull;
-            int rc = np_send_pull(p, p->ask, (int32_t)n, err);
+            int rc = np_queue_pull(p, p->ask, (int32_t)n, err);
             if (rc) return rc;
             p->ask += n;
         }
@@ -811,13 +833,11 @@ int rmq_puller_firsts(rmq_puller *p, rmq_first_pull *pulls, int32_t n, int32_t i
         while (flying < in_flight && sent < n) {
             rmq_first_pull *q = &pulls[sent];
             int32_t opaque = np_opaque(p);
-            int64_t deadline = np_now_ms() + timeout_ms;
-            int rc = np_write_pull(p, q->tmpl, q->tmpl_len, q->cuts, opaque, q->offset, q->nums,
-                                   deadline, err);
+            int rc = np_put_pull(p, q->tmpl, q->tmpl_len, q->cuts, opaque, q->offset, q->nums, err);
             if (rc) return rc;
             op[flying] = opaque;
             at[flying] = sent++;
-            due[flying++] = deadline;
+            due[flying++] = np_now_ms() + timeout_ms;
         }
         int32_t late = 0;           /* the pull answered latest by now */
         for (int32_t k = 1; k < flying; k++)

@@ -65,7 +65,7 @@ from rmq_source.subscription import Subscription
 
 PERM_READ = 4
 PULL_BATCH = 32          # messages per pull: the broker's default cap (maxTransferCountOnMessageInMemory)
-PULLS_IN_FLIGHT = 4
+PULLS_IN_FLIGHT = 8      # pulls of one queue unanswered at once (a direct broker; bench_pull_size)
 UNPIPED_S = 300.0        # pulls one at a time this long to an address that left one unanswered
 MAX_BACKOFF_S = 8.0
 OUTAGE_POLL_S = 2.0     # a task waiting for a broker away beyond the retries asks this often
