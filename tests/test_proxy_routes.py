@@ -27,15 +27,15 @@ def test_pulls_go_one_at_a_time_to_a_proxy_or_an_address_that_dropped_an_answer(
     too, for UNPIPED_S (a broker that stalled gets its pipelining back); a refused connection
     teaches nothing."""
     from rmq_source.errors import RmqRemotingConnectionError, RmqRemotingTimeoutError
-    from rmq_source.remote.backend import ClusterBackendSpec
+    from rmq_source.remote.backend import PULLS_IN_FLIGHT as AHEAD, ClusterBackendSpec
     backend = ClusterBackendSpec(NS, 1.0).open()
     broker, proxy = "127.0.0.1:10911", NS[0]
     backend._masters.update({"broker-a": broker, "broker-b": "127.0.0.1:10921"})
-    assert backend._in_flight_to(broker) == 4 and backend._in_flight_to(proxy) == 1
-    backend._unanswered(broker, 4, RmqRemotingConnectionError("refused", peer=broker))
+    assert AHEAD > 1 and backend._in_flight_to(broker) == AHEAD and backend._in_flight_to(proxy) == 1
+    backend._unanswered(broker, AHEAD, RmqRemotingConnectionError("refused", peer=broker))
     backend._unanswered(broker, 1, RmqRemotingTimeoutError("no answer", peer=broker))
-    assert backend._in_flight_to(broker) == 4
-    backend._unanswered(broker, 4, RmqRemotingTimeoutError("no answer", peer=broker))
+    assert backend._in_flight_to(broker) == AHEAD
+    backend._unanswered(broker, AHEAD, RmqRemotingTimeoutError("no answer", peer=broker))
     assert backend._in_flight_to(broker) == 1
     backend._unpiped[broker] -= 301          # (UNPIPED_S later)
-    assert backend._in_flight_to(broker) == 4
+    assert backend._in_flight_to(broker) == AHEAD
