@@ -602,3 +602,17 @@ def test_pulls_freed_by_one_receive_go_out_in_one_send(monkeypatch, in_flight):
     assert asked == list(range(0, 120, 4))
     assert [len(s) for s in sends] == [in_flight] * (30 // in_flight) + (
         [30 % in_flight] if 30 % in_flight else [])
+
+
+@pytest.mark.parametrize("cap, per_pull, in_flight", [(8, 32, 8), (3, 32, 4), (32, 32, 8), (5, 5, 8)])
+def test_pulls_after_a_short_answer_ask_what_the_broker_answers(broker, cap, per_pull, in_flight):
+    """A broker answers at most its transfer caps (8 messages from disk by default): after a
+    short answer the range's pulls ask as many as it covered, so the pulls sent behind it are not
+    each dropped again (at most one round of in-flight pulls is lost)."""
+    b = broker(lambda conn, req: conn.sendall(pull_answer(req, n_messages=400, cap=cap)))
+    p = puller_for(b, 0, 400, in_flight=in_flight, per_pull=per_pull)
+    assert b"".join(d.body for d in drain(p)) == joined(0, 400)
+    useful = -(-400 // min(cap, per_pull))
+    assert useful <= len(b.requests) <= useful + in_flight - 1, len(b.requests)
+    asked = [int(r.ext_fields["maxMsgNums"]) for r in b.requests]
+    assert set(asked[in_flight:]) <= {min(cap, per_pull), 400 % min(cap, per_pull)}, asked

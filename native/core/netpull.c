@@ -694,7 +694,14 @@ static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pu
     p->pos = o->next = h.next_begin_offset;
     np_pop_head(p);
     int64_t expected = p->count ? p->slots[p->head].asked : p->ask;
-    if (p->pos != expected) np_drop_slots(p);   /* short answer: what was asked beyond is dropped */
+    if (p->pos != expected) {
+        /* A short answer: what was asked beyond is dropped, and the range's next pulls ask as
+         * many offsets as this answer covered: a broker answers at most its transfer caps (32
+         * messages or 256 KiB from memory, 8 or 64 KiB from disk by default), and pulls asking
+         * more would each come short and drop the pulls sent behind them. */
+        if (p->pos - asked < p->per_pull) p->per_pull = (int32_t)(p->pos - asked);
+        np_drop_slots(p);
+    }
     return h.suggest_broker_id != p->expect_suggest || o->rows >= max_rows || o->len >= max_bytes ||
            p->pos >= p->end;
 }
