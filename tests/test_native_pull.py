@@ -608,11 +608,22 @@ def test_pulls_freed_by_one_receive_go_out_in_one_send(monkeypatch, in_flight):
 def test_pulls_after_a_short_answer_ask_what_the_broker_answers(broker, cap, per_pull, in_flight):
     """A broker answers at most its transfer caps (8 messages from disk by default): after a
     short answer the range's pulls ask as many as it covered, so the pulls sent behind it are not
-    each dropped again (at most one round of in-flight pulls is lost)."""
+    each dropped again; every 16 full answers the size is tried twice as large (one round of
+    in-flight pulls lost then, where asking 32 against a cap of 8 lost all but one each time)."""
     b = broker(lambda conn, req: conn.sendall(pull_answer(req, n_messages=400, cap=cap)))
     p = puller_for(b, 0, 400, in_flight=in_flight, per_pull=per_pull)
     assert b"".join(d.body for d in drain(p)) == joined(0, 400)
     useful = -(-400 // min(cap, per_pull))
-    assert useful <= len(b.requests) <= useful + in_flight - 1, len(b.requests)
+    assert useful <= len(b.requests) <= useful + (in_flight - 1) * (1 + useful // 16), len(b.requests)
+
+
+def test_the_pull_size_grows_back_after_an_answer_made_short_by_one_large_message(broker):
+    """One answer covering a single offset (a message near the byte cap) does not leave the rest
+    of the range pulled one message at a time: full answers double the size back to the range's."""
+    def serve(conn, req):
+        conn.sendall(pull_answer(req, n_messages=3000, cap=1 if req.ext_fields["queueOffset"] == "0" else 32))
+    b = broker(serve)
+    p = puller_for(b, 0, 3000, in_flight=8, per_pull=32)
+    assert b"".join(d.body for d in drain(p)) == joined(0, 3000)
     asked = [int(r.ext_fields["maxMsgNums"]) for r in b.requests]
-    assert set(asked[in_flight:]) <= {min(cap, per_pull), 400 % min(cap, per_pull)}, asked
+    assert asked[-2] == 32 and len(asked) < 3000 // 32 + 6 * 16 + 8, asked

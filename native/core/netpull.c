@@ -31,6 +31,8 @@
 #define RMQ_NET_MAX_FRAME (16 * 1024 * 1024)   /* NettyDecoder's limit on the length field */
 #define NP_MIN_IN (256 << 10)
 
+#define NP_GROW_AFTER 16     /* full answers in a row before the pull size grows (np_adapt_pull_size) */
+
 typedef struct np_slot {
     int32_t opaque;
     int32_t nums;
@@ -49,6 +51,7 @@ struct rmq_puller {
     int32_t tmpl_len, cut[3];
     int64_t pos, ask, end, expect_suggest;
     int32_t per_pull, in_flight, timeout_ms;
+    int32_t per_pull_max, full_run;   /* the range's pull size; full answers since the last change */
     int32_t next_opaque;
     np_slot slots[NP_MAX_SLOTS];
     int head, count;
@@ -408,7 +411,8 @@ int rmq_puller_range(rmq_puller *p, const uint8_t *tmpl, int32_t tmpl_len, const
     memcpy(p->cut, cuts, sizeof p->cut);
     p->pos = start;
     p->end = end;
-    p->per_pull = per_pull;
+    p->per_pull = p->per_pull_max = per_pull;
+    p->full_run = 0;
     p->in_flight = in_flight;
     p->timeout_ms = timeout_ms;
     p->expect_suggest = expect_suggest;
@@ -665,6 +669,22 @@ static int np_pop_head(rmq_puller *p) {
 }
 
 /* The head slot's answer: joined into out, or held for the caller. 1: stop and return DATA. */
+/* The pull size after an answer that covered `covered` of the `nums` offsets asked. A broker
+ * answers at most its transfer caps (32 messages or 256 KiB from memory, 8 or 64 KiB from disk by
+ * default), and a short answer drops the pulls in flight behind it: so after one the range's pulls
+ * ask as many as it covered, and after NP_GROW_AFTER full answers in a row twice as many again, up
+ * to the range's size (the caps change as the data moves between disk and memory, and one large
+ * message may have made the answer short). */
+static void np_adapt_pull_size(rmq_puller *p, int64_t covered, int32_t nums) {
+    if (covered < nums) {
+        if (covered < p->per_pull) p->per_pull = (int32_t)covered;
+        p->full_run = 0;
+    } else if (p->per_pull < p->per_pull_max && ++p->full_run >= NP_GROW_AFTER) {
+        p->per_pull = p->per_pull > p->per_pull_max / 2 ? p->per_pull_max : 2 * p->per_pull;
+        p->full_run = 0;
+    }
+}
+
 static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pull_out *o,
                         int64_t max_rows, int64_t max_bytes, rmq_error *err) {
     rmq_net_header h;
@@ -675,6 +695,7 @@ static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pu
     }
     np_slot *s = &p->slots[p->head];
     int64_t asked = s->asked;
+    int32_t nums = s->nums;
     if (h.code != 0 || !h.has_next_begin || h.next_begin_offset <= asked) {
         if (np_hold(p, frame, len, RMQ_PULL_ANSWER, asked, err)) return -RMQ_E_NOMEM;
         np_pop_head(p);
@@ -694,14 +715,8 @@ static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pu
     p->pos = o->next = h.next_begin_offset;
     np_pop_head(p);
     int64_t expected = p->count ? p->slots[p->head].asked : p->ask;
-    if (p->pos != expected) {
-        /* A short answer: what was asked beyond is dropped, and the range's next pulls ask as
-         * many offsets as this answer covered: a broker answers at most its transfer caps (32
-         * messages or 256 KiB from memory, 8 or 64 KiB from disk by default), and pulls asking
-         * more would each come short and drop the pulls sent behind them. */
-        if (p->pos - asked < p->per_pull) p->per_pull = (int32_t)(p->pos - asked);
-        np_drop_slots(p);
-    }
+    np_adapt_pull_size(p, p->pos - asked, nums);
+    if (p->pos != expected) np_drop_slots(p);   /* short answer: what was asked beyond is dropped */
     return h.suggest_broker_id != p->expect_suggest || o->rows >= max_rows || o->len >= max_bytes ||
            p->pos >= p->end;
 }
