@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -259,6 +260,19 @@ def _stop_leftovers() -> None:
         server.stop(timeout=10)
 
 
+def _exit_on_sigterm() -> None:
+    """A SIGTERM (``timeout``, ``kill``) ends this process through SystemExit, so the atexit stop
+    above runs: by default the signal kills it at once and its JVMs, in their own sessions, live
+    on. Only where nothing else handles the signal, from the main thread."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def _raise_exit(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 class JavaServer:
     """One RocketMQ JVM: started in its own process group, stopped with SIGTERM then SIGKILL."""
 
@@ -337,6 +351,7 @@ class JavaServer:
                                      env=self.java_env(), cwd=self.workdir, start_new_session=True)
         out.close()
         _running.add(self)
+        _exit_on_sigterm()
         return self
 
     def wait_boot(self, timeout: float = 90.0, relaunches: int = 3) -> None:

@@ -144,3 +144,35 @@ def test_no_archive_outside_a_run_or_when_its_folder_is_gone(tmp_path, monkeypat
     assert rocketmq_archive.java_options("9.9.9", tmp_path / "rocketmq-9.9.9") == ()
     monkeypatch.setenv(spark_archive.ENV, str(tmp_path / "gone" / "spark.jsa"))
     assert rocketmq_archive.java_options("9.9.9", tmp_path / "rocketmq-9.9.9") == ()
+
+
+def test_a_process_ended_by_sigterm_stops_the_servers_it_started(tmp_path):
+    """``timeout`` or ``kill`` on a bench or a test session: its JVMs run in their own sessions,
+    so only the process's own exit path can stop them; SIGTERM takes that path (SystemExit, the
+    atexit stop) instead of killing the process on the spot. (A stand-in server: the launch and
+    the stop are JavaServer's whatever the command.)"""
+    import signal
+    import time
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time, rocketmq_cluster as rc\n"
+         "class Stand(rc.JavaServer):\n"
+         "    def java_command(self, main, args): return ['sleep', '600']\n"
+         "    def args(self): return []\n"
+         f"s = Stand('4.9.7', '.', {str(tmp_path / 'server')!r}).launch()\n"
+         "print(s.proc.pid, flush=True)\ntime.sleep(600)\n"],
+        cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    server = None
+    try:
+        server = int(child.stdout.readline())
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{server}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{server}"), "the server outlived the process that started it"
+    finally:
+        child.kill()
+        child.wait()
+        if server is not None and os.path.exists(f"/proc/{server}"):
+            os.kill(server, signal.SIGKILL)
