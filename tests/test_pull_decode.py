@@ -195,3 +195,21 @@ def test_pulls_in_flight_follow_answers_that_come_short():
                 pass
             assert offset == end and offsets == sorted(set(offsets)), (end, cap, offsets)
             assert all(o < end and o + c <= end for o, c in asked), (end, cap, asked)
+            # after a short answer the pulls ask what it covered: a round of pulls sent ahead is
+            # lost at most once, then once per GROW_AFTER full answers (the size tried larger)
+            useful = -(-end // min(cap, 32))
+            assert len(asked) <= useful + 3 * (1 + useful // 16), (end, cap, len(asked))
+
+
+@pytest.mark.parametrize("size, run, covered, asked, after", [
+    (32, 0, 8, 32, (8, 0)),          # short: ask what it covered
+    (8, 5, 3, 8, (3, 0)),            # shorter still
+    (8, 14, 8, 8, (8, 15)),          # full: counted
+    (8, 15, 8, 8, (16, 0)),          # the 16th full answer in a row: twice the size
+    (20, 15, 20, 20, (32, 0)),       # never past the largest
+    (32, 7, 32, 32, (32, 0)),        # at the largest: nothing to count
+    (32, 0, 40, 32, (32, 0)),        # more than asked: full
+])
+def test_the_python_pulls_adapt_their_size_as_the_c_loop_does(size, run, covered, asked, after):
+    from rmq_source.remote.backend import next_pull_size
+    assert next_pull_size(size, run, covered, asked, 32) == after

@@ -88,9 +88,28 @@ _NOT_SERVED = object()
 
 def _cancel(ahead: deque) -> None:
     while ahead:
-        call = ahead.popleft()[1]
+        call = ahead.popleft()[2]
         if call is not None:
             call.cancel()
+
+
+#: full answers in a row before a pull size shrunk by a short answer doubles (netpull.c's
+#: NP_GROW_AFTER)
+GROW_AFTER = 16
+
+
+def next_pull_size(size: int, full_run: int, covered: int, asked: int, largest: int
+                   ) -> tuple[int, int]:
+    """(pull size, full answers in a row) after an answer that covered ``covered`` of the
+    ``asked`` offsets, as the C pull loop adapts (np_adapt_pull_size): a short answer (a broker
+    answers at most its transfer caps) makes the next pulls ask what it covered, so those sent
+    ahead of it are not each dropped again; ``GROW_AFTER`` full answers in a row double it back,
+    up to ``largest``."""
+    if covered < asked:
+        return min(size, max(1, covered)), 0
+    if size < largest and full_run + 1 >= GROW_AFTER:
+        return (largest if size > largest // 2 else 2 * size), 0
+    return size, full_run + 1 if size < largest else 0
 
 
 def _explain_filter_refusal(pulls, mq: MessageQueue):
@@ -999,24 +1018,28 @@ class ClusterBackend(Backend):
                 res = self._pull(mq, offset, end - offset, sub)
                 offset = yield offset, res
             return
-        ahead: deque = deque()      # (offset asked, Call or None, sent to a slave)
+        ahead: deque = deque()      # (offset asked, count asked, Call or None, sent to a slave)
         offset = next_ask = start
+        size, full_run = self.spec.pull_batch, 0
         try:
             while offset < end:
                 limit = self._in_flight_to(self._masters.get(mq.broker_name))
                 while len(ahead) < limit and next_ask < end:
-                    n = min(self.spec.pull_batch, end - next_ask)
-                    ahead.append((next_ask, *self._send_pull(mq, next_ask, n)))
+                    n = min(size, end - next_ask)
+                    ahead.append((next_ask, n, *self._send_pull(mq, next_ask, n)))
                     next_ask += n
-                asked, call, from_slave = ahead.popleft()
+                asked, n, call, from_slave = ahead.popleft()
                 res = None
                 if asked == offset and call is not None:
                     res = self._answer(mq, asked, call, from_slave, limit)
                 if res is None:               # not sent, failed, or not where the stream is
                     _cancel(ahead)
                     res = self._pull(mq, offset, end - offset, sub)
-                    asked = offset
+                    asked, n = offset, None
                 offset = yield asked, res
+                if n is not None and asked < offset <= asked + n:    # (messages of what was asked)
+                    size, full_run = next_pull_size(size, full_run, offset - asked, n,
+                                                    self.spec.pull_batch)
                 if not (ahead and ahead[0][0] == offset):
                     # the answer ended short of what was asked (brokers cap what they send per
                     # pull, e.g. 8 messages or 64 KiB read from disk): what was asked beyond is
