@@ -74,6 +74,7 @@ PARTITIONS = 8
 CORES = 2              # the machines this bench's targets are set for
 #: the five columns of the narrow reads, rmq's as a schema and Kafka's as a select
 RMQ_NARROW = "topic string, queueId int, queueOffset long, body binary, storeTimestamp timestamp"
+RMQ_NARROW_COLUMNS = [c.split()[0] for c in RMQ_NARROW.split(", ")]
 KAFKA_NARROW = ["topic", "partition", "offset", "value", "timestamp"]
 #: RocketMQ 5.3's own thread pool defaults on 2 cores (the test brokers shrink them to boot fast)
 BROKER_DEFAULT_POOLS = {
@@ -221,10 +222,16 @@ def rmq_store(reader, cluster, topic: str):
             .option("startingOffsets", "earliest"))
 
 
-def sources(spark, kafka, cluster, topic: str):
+def sources(spark, kafka, cluster, topic: str, ceiling: Path):
     """name -> (reader factory (batch or streaming), the cap option, server pid or None, columns
-    to select after load or None)."""
+    to select after load or None). The Python ceilings: a Python source handing Spark the very
+    batches the rmq store read makes (pre-built, memory-mapped; all columns or the narrow five),
+    Spark's cost of any Python source moving these rows, batch or stream."""
     kpid, bpid = kafka.pid, broker(cluster).proc.pid
+
+    def arrow_ceiling(r, columns=None):
+        r = r.format("arrow_ceiling").option("path", str(ceiling))
+        return r if columns is None else r.option("columns", ",".join(columns))
     return {
         "kafka": (lambda r: kafka_reader(r, kafka, topic), "maxOffsetsPerTrigger", kpid, None),
         "rmq live": (lambda r: rmq_live(r, cluster, topic), "maxMessagesPerTrigger", bpid, None),
@@ -235,6 +242,9 @@ def sources(spark, kafka, cluster, topic: str):
                             "maxMessagesPerTrigger", bpid, None),
         "rmq store narrow": (lambda r: rmq_store(r.schema(RMQ_NARROW), cluster, topic),
                              "maxMessagesPerTrigger", None, None),
+        "python ceiling": (arrow_ceiling, "maxMessagesPerTrigger", None, None),
+        "python ceiling narrow": (lambda r: arrow_ceiling(r, RMQ_NARROW_COLUMNS),
+                                  "maxMessagesPerTrigger", None, None),
     }
 
 
@@ -243,12 +253,8 @@ def load(make, reader, columns):
     return df if columns is None else df.select(*columns)
 
 
-def batch_rounds(spark, srcs, messages: int, repeat: int, ceiling: Path) -> dict:
-    """Best (wall, Spark CPU, server CPU) of each source's batch read into noop, and of the Arrow
-    ceiling: a Python source handing Spark the very batches the rmq store read makes (pre-built,
-    memory-mapped), Spark's cost of any Python source moving these rows."""
-    srcs = {**srcs, "python ceiling": (lambda r: r.format("arrow_ceiling").option("path", str(ceiling)),
-                                       None, None, None)}
+def batch_rounds(spark, srcs, messages: int, repeat: int) -> dict:
+    """Best (wall, Spark CPU, server CPU) of each source's batch read into noop."""
     for name, (make, _, _, columns) in srcs.items():   # warm-up and check: every message once
         df = load(make, spark.read, columns)
         n = df.count()
@@ -424,7 +430,10 @@ def per_m(cpu: float, messages: int) -> str:
 #: (source, baseline, target) of the ratios printed under each table (issue 45; None: no target)
 RATIOS = [("rmq store narrow", "kafka narrow", 3.0), ("rmq store narrow", "kafka", 3.0),
           ("rmq live narrow", "kafka narrow", 1.0), ("rmq store", "kafka", 1.5),
-          ("rmq live", "kafka", None)]
+          ("rmq live", "kafka", None),
+          # what Spark leaves any Python source, and how near to it the rmq reads come
+          ("python ceiling narrow", "kafka narrow", None), ("python ceiling", "kafka", None),
+          ("rmq store narrow", "python ceiling narrow", None), ("rmq store", "python ceiling", None)]
 
 
 def report(results: dict, args) -> None:
@@ -578,15 +587,12 @@ def main() -> None:
             for size in sizes:
                 print(f"filling {count:,} x {size} B ...", flush=True)
                 f = fill(spark, kafka, cluster, size, count)
-                srcs = sources(spark, kafka, cluster, f["topic"])
+                ceiling = ensure_ceiling_files(workdir, broker(cluster).store, topic=f["topic"],
+                                               quiet=True)
+                srcs = sources(spark, kafka, cluster, f["topic"], ceiling)
                 res = {"fill": f, "messages": count, "size": size}
                 print("batch reads ...", flush=True)
-                if "batch" in skip:
-                    res["batch"] = {}
-                else:
-                    ceiling = ensure_ceiling_files(workdir, broker(cluster).store, topic=f["topic"],
-                                                   quiet=True)
-                    res["batch"] = batch_rounds(spark, srcs, count, args.repeat, ceiling)
+                res["batch"] = {} if "batch" in skip else batch_rounds(spark, srcs, count, args.repeat)
                 print("AvailableNow streams ...", flush=True)
                 if "stream" in skip:
                     res["stream"] = res["stream_one"] = {}

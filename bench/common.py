@@ -9,6 +9,7 @@ rebuilt rather than reused.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import resource
@@ -241,6 +242,9 @@ def spark_session(master: str = "local[2]", app: str = "rmq_source-bench",
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("PYARROW_IGNORE_TIMEZONE", "1")
+    # Python processes as a deployment runs them: with compiled modules (pip writes them; without
+    # them every fresh worker and streaming runner compiles the package again, ~80 ms)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     # Python workers import rmq_source and the bench modules from the checkout.
     path = os.pathsep.join(p for p in (str(REPO), str(BENCH_DIR), os.environ.get("PYTHONPATH"))
                            if p)
@@ -405,7 +409,10 @@ def _ceiling_source_class():
     batches from a Python worker into the JVM is the transport ceiling of any Python data source.
     Options: ``path`` (folder of the files), ``numPartitions`` (default one partition per file;
     files are dealt round robin) and ``columns`` (comma-separated subset of the columns, default
-    all: what Spark pays per column)."""
+    all: what Spark pays per column). As a stream (PySpark 4.2+) the same files are read once,
+    ``maxMessagesPerTrigger`` rows a micro-batch at most, in as many tasks as the rmq source would
+    make of that many bytes (or ``numPartitions``): what Spark costs any Python streaming source
+    for these rows (query start included)."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
     from rmq_source.schema import SPARK_DDL
 
@@ -434,10 +441,114 @@ def _ceiling_source_class():
                     batch = reader.get_batch(i)
                     yield batch if self.columns is None else batch.select(self.columns)
 
+    class _Slices(InputPartition):
+        def __init__(self, slices: list[tuple[str, int, int]]):
+            super().__init__(slices)
+            self.slices = slices
+
+    def _sliced(path: str, start: int, end: int, columns: list[str] | None):
+        """The rows [start, end) of one file, as its batches cut to that range (no copies)."""
+        import common
+        reader, at = common.open_ceiling_file(path), 0
+        for i in range(reader.num_record_batches):
+            if at >= end:
+                return
+            batch = reader.get_batch(i)
+            lo, hi = max(start - at, 0), min(end - at, batch.num_rows)
+            at += batch.num_rows
+            if lo < hi:
+                batch = batch if (lo, hi) == (0, batch.num_rows) else batch.slice(lo, hi - lo)
+                yield batch if columns is None else batch.select(columns)
+
+    def _stored_bytes(path: str) -> int:
+        import pyarrow.compute as pc
+        import common
+        reader = common.open_ceiling_file(path)
+        return sum(pc.sum(reader.get_batch(i).column("storeSize")).as_py() or 0
+                   for i in range(reader.num_record_batches))
+
+    def _stream_reader_class():
+        from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
+                                                      SupportsTriggerAvailableNow)
+        from pyspark.sql.datasource import DataSourceStreamReader
+
+        class _CeilingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+            """The same files as a stream: an offset is the rows taken of each file; a
+            micro-batch is one task per file reading its rows [start, end); a row limit is shared
+            over the files by what each has left, as the rmq source shares maxMessagesPerTrigger
+            by backlog. The files never grow: Trigger.AvailableNow reads them to their ends."""
+
+            def __init__(self, folder: str, columns: list[str] | None, max_rows: int | None,
+                         partitions: int | None):
+                import common
+                self.files = [os.path.join(folder, n) for n in sorted(os.listdir(folder))
+                              if n.endswith(".arrow")]
+                self.sizes = [sum(r.get_batch(i).num_rows for i in range(r.num_record_batches))
+                              for r in map(common.open_ceiling_file, self.files)]
+                self.columns, self.max_rows, self.count = columns, max_rows, partitions
+                # what the rmq source weighs an offset by: its record's stored bytes (storeSize)
+                # and its ConsumeQueue unit (rmq_source.spark.sizing)
+                self.row_bytes = {f: 20 + _stored_bytes(f) / max(n, 1) for f, n in zip(self.files, self.sizes)}
+
+            @staticmethod
+            def _tasks(weight: float) -> int:
+                """Tasks for ``weight`` bytes as the rmq source sizes a plan without options: one
+                per maxPartitionBytes, at least one per core, more rounded up to whole waves (a
+                Python stream's task costs tens of ms: one per file would be a handicap)."""
+                from rmq_source.spark.options import DEFAULT_MAX_PARTITION_BYTES
+                from rmq_source.spark.planner import default_parallelism
+                cores = default_parallelism()
+                wanted = max(cores, math.ceil(weight / DEFAULT_MAX_PARTITION_BYTES))
+                return math.ceil(wanted / cores) * cores
+
+            def initialOffset(self):
+                return {"rows": [0] * len(self.files)}
+
+            def getDefaultReadLimit(self):
+                return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
+
+            def prepareForTriggerAvailableNow(self):
+                pass
+
+            def latestOffset(self, start, limit):
+                at = start["rows"]
+                left = [size - a for size, a in zip(self.sizes, at)]
+                if not isinstance(limit, ReadMaxRows) or sum(left) <= limit.max_rows:
+                    return {"rows": list(self.sizes)}
+                total, share = sum(left), limit.max_rows
+                take = [n * share // total for n in left]
+                for i in range(len(take)):     # what the floors left, one row each to the first
+                    if sum(take) >= share:
+                        break
+                    if take[i] < left[i]:
+                        take[i] += 1
+                return {"rows": [a + t for a, t in zip(at, take)]}
+
+            def partitions(self, start, end):
+                todo = [(f, s, e) for f, s, e in zip(self.files, start["rows"], end["rows"]) if e > s]
+                n = self.count or self._tasks(sum((e - s) * self.row_bytes[f] for f, s, e in todo))
+                n = min(n, len(todo))
+                return [_Slices(todo[i::n]) for i in range(n) if todo[i::n]]
+
+            def read(self, partition):
+                for path, start, end in partition.slices:
+                    yield from _sliced(path, start, end, self.columns)
+
+            def commit(self, end):
+                pass
+
+        return _CeilingStreamReader
+
     class ArrowCeilingDataSource(DataSource):
         @classmethod
         def name(cls):
             return "arrow_ceiling"
+
+        def streamReader(self, schema):
+            columns, cap = self.options.get("columns"), self.options.get("maxMessagesPerTrigger")
+            parts = self.options.get("numPartitions")
+            return _stream_reader_class()(self.options["path"], columns.split(",") if columns else None,
+                                          int(cap) if cap else None, int(parts) if parts else None)
 
         def schema(self):
             columns = self.options.get("columns")

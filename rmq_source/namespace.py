@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
 SEPARATOR = "%"
@@ -77,6 +76,7 @@ def unwrap_topic_column(batch: pa.RecordBatch, namespace: str | None) -> pa.Reco
     if index < 0:
         return batch
     column = batch.column(index)
+    import pyarrow.compute as pc   # slow to import: only where used
     stored = pc.unique(column).to_pylist()
     shown = [unwrap(namespace, t) if t is not None else None for t in stored]
     if shown == stored:

@@ -21,7 +21,6 @@ from rmq_source.schema import SPARK_DDL
 from rmq_source.spark.stream_reader import RmqStreamReader
 from rmq_source.spark.batch_reader import plan_batch
 from rmq_source.spark.pushdown import absorb
-from rmq_source.spark.sink_writer import RmqSinkStreamWriter, RmqSinkWriter, prepare
 
 
 class RmqBatchReader(DataSourceReader):
@@ -99,8 +98,10 @@ class RocketMQDataSource(DataSource):
             return dict(self.options)
         return {k: v for k, v in self.options.items() if k.lower() != "clientid"}
 
-    def writer(self, schema: StructType, overwrite: bool) -> RmqSinkWriter:
+    def writer(self, schema: StructType, overwrite: bool):
+        from rmq_source.spark.sink_writer import RmqSinkWriter, prepare   # reads never import the sink
         return RmqSinkWriter(prepare(self._write_options(), schema, overwrite, streaming=False))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> RmqSinkStreamWriter:
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from rmq_source.spark.sink_writer import RmqSinkStreamWriter, prepare
         return RmqSinkStreamWriter(prepare(self._write_options(), schema, overwrite, streaming=True))

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from rmq_source.backend import BackendSpec, RangeRead, TaskLock
@@ -129,6 +128,7 @@ def _read_ranges(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
         if program is not None:
             batch = filter_batch(program, batch)
         if part.exact_tags is not None:
+            import pyarrow.compute as pc   # slow to import: only where used
             keep = pc.fill_null(pc.is_in(batch.column("tags"), value_set=pa.array(part.exact_tags)), False)
             batch = batch.filter(keep)
         if batch.num_rows:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import zlib
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rmq_source.errors import RmqCorruptStoreError, RmqMissingDependencyError
 from rmq_source.schema import numpy_view
@@ -69,8 +68,10 @@ def decompress_bodies(bodies: pa.Array, sys_flags: pa.Array, commitlog_offsets: 
     if sys_flags.null_count == 0:   # (the decoder's column: numpy reads it without a copy)
         if not (numpy_view(sys_flags) & COMPRESSED_FLAG).any():
             return bodies
-    elif not pc.any(pc.not_equal(pc.bit_wise_and(sys_flags, COMPRESSED_FLAG), 0)).as_py():
-        return bodies
+    else:
+        import pyarrow.compute as pc   # slow to import: only where used
+        if not pc.any(pc.not_equal(pc.bit_wise_and(sys_flags, COMPRESSED_FLAG), 0)).as_py():
+            return bodies
     values = bodies.to_pylist()
     flags = sys_flags.to_pylist()
     for i, flag in enumerate(flags):

@@ -50,7 +50,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rmq_source.errors import (RmqCorruptStoreError, RmqDataLossError, RmqOptionError, RmqStoreIOError,
                                RmqStoreLayoutError)
@@ -398,6 +397,7 @@ def scan_for_key(store, topic: str, key: str, *,
         for batch in store.iter_batches(topic, q.queue_id, q.min_offset, q.max_offset,
                                         on_data_loss=lambda *_: None):
             keys = batch.column("keys")
+            import pyarrow.compute as pc   # slow to import: only where used
             flat = pc.list_flatten(keys)
             parents = np.asarray(pc.list_parent_indices(keys))
             hit = np.zeros(batch.num_rows, dtype=bool)
