@@ -230,7 +230,7 @@ def sources(spark, kafka, cluster, topic: str, ceiling: Path):
     kpid, bpid = kafka.pid, broker(cluster).proc.pid
 
     def arrow_ceiling(r, columns=None):
-        r = r.format("arrow_ceiling").option("path", str(ceiling))
+        r = r.format("arrow_ceiling").option("path", str(ceiling)).option("numPartitions", "sized")
         return r if columns is None else r.option("columns", ",".join(columns))
     return {
         "kafka": (lambda r: kafka_reader(r, kafka, topic), "maxOffsetsPerTrigger", kpid, None),

@@ -408,10 +408,11 @@ def _ceiling_source_class():
     per worker (:func:`open_ceiling_file`), in the rmq row schema. Spark's cost of moving these
     batches from a Python worker into the JVM is the transport ceiling of any Python data source.
     Options: ``path`` (folder of the files), ``numPartitions`` (default one partition per file;
-    files are dealt round robin) and ``columns`` (comma-separated subset of the columns, default
+    files are dealt round robin; ``sized``: as many as the rmq source would make of these bytes,
+    see ``_sized_tasks``) and ``columns`` (comma-separated subset of the columns, default
     all: what Spark pays per column). As a stream (PySpark 4.2+) the same files are read once,
-    ``maxMessagesPerTrigger`` rows a micro-batch at most, in as many tasks as the rmq source would
-    make of that many bytes (or ``numPartitions``): what Spark costs any Python streaming source
+    ``maxMessagesPerTrigger`` rows a micro-batch at most, in tasks ``sized`` unless
+    ``numPartitions`` is a number: what Spark costs any Python streaming source
     for these rows (query start included)."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
     from rmq_source.schema import SPARK_DDL
@@ -421,16 +422,46 @@ def _ceiling_source_class():
             super().__init__(paths)
             self.paths = paths
 
+    def _files(folder: str) -> list[str]:
+        return [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if n.endswith(".arrow")]
+
+    def _rows(path: str) -> int:
+        import common
+        reader = common.open_ceiling_file(path)
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+    def _offset_bytes(path: str) -> float:
+        """What the rmq source weighs one offset of this file by: its record's stored bytes
+        (storeSize) plus its ConsumeQueue unit (rmq_source.spark.sizing)."""
+        import pyarrow.compute as pc
+        import common
+        reader = common.open_ceiling_file(path)
+        stored = sum(pc.sum(reader.get_batch(i).column("storeSize")).as_py() or 0
+                     for i in range(reader.num_record_batches))
+        return 20 + stored / max(_rows(path), 1)
+
+    def _sized_tasks(weight: float) -> int:
+        """Tasks for ``weight`` bytes as the rmq source sizes a plan without options: one per
+        maxPartitionBytes, at least one per core, more rounded up to whole waves (a Python task
+        costs tens of ms: one per file would handicap the ceiling against rmq's fewer tasks)."""
+        from rmq_source.spark.options import DEFAULT_MAX_PARTITION_BYTES
+        from rmq_source.spark.planner import default_parallelism
+        cores = default_parallelism()
+        wanted = max(cores, math.ceil(weight / DEFAULT_MAX_PARTITION_BYTES))
+        return math.ceil(wanted / cores) * cores
+
     class _CeilingReader(DataSourceReader):
-        def __init__(self, folder: str, partitions: int | None, columns: list[str] | None):
+        def __init__(self, folder: str, partitions: str | None, columns: list[str] | None):
             self.folder = folder
             self.count = partitions
             self.columns = columns
 
         def partitions(self):
-            files = [os.path.join(self.folder, n) for n in sorted(os.listdir(self.folder))
-                     if n.endswith(".arrow")]
-            n = self.count or len(files)
+            files = _files(self.folder)
+            if self.count == "sized":
+                n = _sized_tasks(sum(_rows(f) * _offset_bytes(f) for f in files))
+            else:
+                n = int(self.count) if self.count else len(files)
             return [_FilePartition(files[i::n]) for i in range(n) if files[i::n]]
 
         def read(self, partition):
@@ -460,13 +491,6 @@ def _ceiling_source_class():
                 batch = batch if (lo, hi) == (0, batch.num_rows) else batch.slice(lo, hi - lo)
                 yield batch if columns is None else batch.select(columns)
 
-    def _stored_bytes(path: str) -> int:
-        import pyarrow.compute as pc
-        import common
-        reader = common.open_ceiling_file(path)
-        return sum(pc.sum(reader.get_batch(i).column("storeSize")).as_py() or 0
-                   for i in range(reader.num_record_batches))
-
     def _stream_reader_class():
         from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                                       SupportsTriggerAvailableNow)
@@ -474,32 +498,16 @@ def _ceiling_source_class():
 
         class _CeilingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             """The same files as a stream: an offset is the rows taken of each file; a
-            micro-batch is one task per file reading its rows [start, end); a row limit is shared
+            micro-batch reads each file's rows [start, end), files dealt over the tasks; a row limit is shared
             over the files by what each has left, as the rmq source shares maxMessagesPerTrigger
             by backlog. The files never grow: Trigger.AvailableNow reads them to their ends."""
 
             def __init__(self, folder: str, columns: list[str] | None, max_rows: int | None,
                          partitions: int | None):
-                import common
-                self.files = [os.path.join(folder, n) for n in sorted(os.listdir(folder))
-                              if n.endswith(".arrow")]
-                self.sizes = [sum(r.get_batch(i).num_rows for i in range(r.num_record_batches))
-                              for r in map(common.open_ceiling_file, self.files)]
+                self.files = _files(folder)
+                self.sizes = [_rows(f) for f in self.files]
                 self.columns, self.max_rows, self.count = columns, max_rows, partitions
-                # what the rmq source weighs an offset by: its record's stored bytes (storeSize)
-                # and its ConsumeQueue unit (rmq_source.spark.sizing)
-                self.row_bytes = {f: 20 + _stored_bytes(f) / max(n, 1) for f, n in zip(self.files, self.sizes)}
-
-            @staticmethod
-            def _tasks(weight: float) -> int:
-                """Tasks for ``weight`` bytes as the rmq source sizes a plan without options: one
-                per maxPartitionBytes, at least one per core, more rounded up to whole waves (a
-                Python stream's task costs tens of ms: one per file would be a handicap)."""
-                from rmq_source.spark.options import DEFAULT_MAX_PARTITION_BYTES
-                from rmq_source.spark.planner import default_parallelism
-                cores = default_parallelism()
-                wanted = max(cores, math.ceil(weight / DEFAULT_MAX_PARTITION_BYTES))
-                return math.ceil(wanted / cores) * cores
+                self.row_bytes = {f: _offset_bytes(f) for f in self.files}
 
             def initialOffset(self):
                 return {"rows": [0] * len(self.files)}
@@ -526,7 +534,7 @@ def _ceiling_source_class():
 
             def partitions(self, start, end):
                 todo = [(f, s, e) for f, s, e in zip(self.files, start["rows"], end["rows"]) if e > s]
-                n = self.count or self._tasks(sum((e - s) * self.row_bytes[f] for f, s, e in todo))
+                n = self.count or _sized_tasks(sum((e - s) * self.row_bytes[f] for f, s, e in todo))
                 n = min(n, len(todo))
                 return [_Slices(todo[i::n]) for i in range(n) if todo[i::n]]
 
@@ -548,7 +556,8 @@ def _ceiling_source_class():
             columns, cap = self.options.get("columns"), self.options.get("maxMessagesPerTrigger")
             parts = self.options.get("numPartitions")
             return _stream_reader_class()(self.options["path"], columns.split(",") if columns else None,
-                                          int(cap) if cap else None, int(parts) if parts else None)
+                                          int(cap) if cap else None,
+                                          int(parts) if parts and parts != "sized" else None)
 
         def schema(self):
             columns = self.options.get("columns")
@@ -557,8 +566,7 @@ def _ceiling_source_class():
         def reader(self, schema):
             parts = self.options.get("numPartitions")
             columns = self.options.get("columns")
-            return _CeilingReader(self.options["path"], int(parts) if parts else None,
-                                  columns.split(",") if columns else None)
+            return _CeilingReader(self.options["path"], parts, columns.split(",") if columns else None)
 
     return ArrowCeilingDataSource
 
