@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from hypothesis import given, settings
@@ -544,3 +547,65 @@ def test_the_collector_is_paused_while_the_driver_plans_and_restored_after(store
     finally:
         gc.enable()
         r.stop()
+
+
+@pytest.mark.parametrize("to_the_end", [True, False])
+def test_a_task_reads_with_the_collector_paused_and_leaves_it_as_found(store, to_the_end):
+    """A task's read runs with the cyclic collector paused (its per-pull objects die by reference
+    counting) and leaves it as it found it, read to the end or closed half-way by Spark."""
+    import gc
+
+    r = _reader(store)
+    start = r.initialOffset()
+    parts = r.partitions(start, r.latestOffset(start, r.getDefaultReadLimit()))
+    try:
+        for caller_enabled in (True, False):
+            (gc.enable if caller_enabled else gc.disable)()
+            rows = r.read(parts[0])
+            next(rows)
+            assert not gc.isenabled()
+            if to_the_end:
+                assert sum(1 for _ in rows) >= 0
+            else:
+                rows.close()
+            assert gc.isenabled() is caller_enabled
+    finally:
+        gc.enable()
+        r.stop()
+
+
+def test_a_worker_freezes_its_start_up_objects_once_per_process(store):
+    """PySpark's worker daemon runs a full collection after every task; a task of the rmq source
+    first moves the worker's start-up objects out of the collector's reach, once per process
+    (a forked worker freezes its own)."""
+    script = textwrap.dedent(f"""
+        import gc, os
+        from rmq_source.spark.compat import ReadAllAvailable
+        from rmq_source.spark.datasource import RocketMQDataSource
+
+        def read_all():
+            r = RocketMQDataSource({{"storePath": {str(store)!r}, "topic": "T",
+                                     "startingOffsets": "earliest"}}).streamReader(None)
+            start = r.initialOffset()
+            end = r.latestOffset(start, ReadAllAvailable())
+            return sum(b.num_rows for p in r.partitions(start, end) for b in r.read(p))
+        before = gc.get_freeze_count()
+        rows = read_all()
+        first = gc.get_freeze_count()
+        junk = [[i] for i in range(1000)]     # objects made after the first task: not frozen
+        read_all()
+        again = gc.get_freeze_count()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            read_all()
+            os.write(w, str(gc.get_freeze_count()).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        child = int(os.read(r, 64))
+        # (a frozen object freed by reference counting leaves the count: it can only go down)
+        print(rows, before, first > 5000, again <= first, child >= again + 1000)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["90", "0", "True", "True", "True"]

@@ -17,6 +17,7 @@ from rmq_source.backend import BackendSpec, RangeRead, TaskLock
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError
 from rmq_source.namespace import unwrap, unwrap_topic_column
+from rmq_source.spark.gc_pause import collector_paused, freeze_startup_objects
 from rmq_source.sql92.program import filter_batch, selector_program
 from rmq_source.subscription import Subscription
 
@@ -86,20 +87,22 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     """
     if not isinstance(part, RmqInputPartition):
         return
-    if part.trace is None:
-        for batch in _read_ranges(part):
-            yield _shown(batch, part)
-        return
-    from rmq_source.remote.traces import ConsumeTraces
-    traces = ConsumeTraces(part.backend.open(), *part.trace)
-    try:
-        began = time.monotonic()
-        for batch in _read_ranges(part):
-            traces.record(batch, cost_ms=int((time.monotonic() - began) * 1000))
-            yield _shown(batch, part)
+    freeze_startup_objects()
+    with collector_paused():
+        if part.trace is None:
+            for batch in _read_ranges(part):
+                yield _shown(batch, part)
+            return
+        from rmq_source.remote.traces import ConsumeTraces
+        traces = ConsumeTraces(part.backend.open(), *part.trace)
+        try:
             began = time.monotonic()
-    finally:
-        traces.close()
+            for batch in _read_ranges(part):
+                traces.record(batch, cost_ms=int((time.monotonic() - began) * 1000))
+                yield _shown(batch, part)
+                began = time.monotonic()
+        finally:
+            traces.close()
 
 
 def _shown(batch: pa.RecordBatch, part: RmqInputPartition) -> pa.RecordBatch:
