@@ -42,9 +42,9 @@ def freeze_startup_objects() -> None:
 
     PySpark's worker daemon runs a full ``gc.collect()`` after every task of a reused worker.
     Right after a task has streamed hundreds of MB through the caches, that collection's walk
-    over every object misses the caches at each step: measured 80-110 ms a task in the read
-    workers (the same walk takes 4-10 ms warm), about 0.35 s of CPU per million 100-byte
-    messages. Frozen, the objects a worker starts with are not walked again; the objects of each
+    over every object misses the caches at each step: measured 50-200 ms a task in the read
+    workers (the same walk takes 4-10 ms warm), 0.1-0.2 s of the workers' CPU per million
+    100-byte messages. Frozen, the objects a worker starts with are not walked again; the objects of each
     task are collected as before. What a frozen object would leak is bounded: only cycles among
     objects alive at the first task, which are the imported modules."""
     global _frozen_in

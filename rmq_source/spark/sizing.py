@@ -6,7 +6,6 @@ import heapq
 import logging
 import operator
 
-
 from rmq_source.errors import RmqSourceError
 from rmq_source.schema import numpy_view
 from rmq_source.spark.planner import (QUEUE_COST_BYTES, TASK_COST_BYTES, QueueRange, TaskSizing,
@@ -65,12 +64,19 @@ def _sample(opts, backend, ranges: list[QueueRange]) -> float | None:
                 for batch in backend.read(r.mq, start, end, subscription=opts.subscription,
                                           batch_rows=SAMPLE_MESSAGES, batch_bytes=opts.batch_bytes,
                                           verify_crc=False, on_data_loss=_ignore, on_short_read=_ignore):
-                    kept_bytes += int(numpy_view(batch.column("storeSize")).sum())   # (never null)
+                    kept_bytes += _stored_bytes(batch.column("storeSize"))
             except RmqSourceError as exc:
                 log.debug("no sample of %s for the task sizing: %s", r.mq, exc)
                 continue
             offsets += end - start
     return CQ_UNIT_BYTES + kept_bytes / offsets if offsets else None
+
+
+def _stored_bytes(sizes) -> int:
+    """The sum of a batch's storeSize column (the decoders never leave one null)."""
+    if sizes.null_count == 0:
+        return int(numpy_view(sizes).sum())
+    return sum(v for v in sizes.to_pylist() if v is not None)
 
 
 def _windows(r: QueueRange) -> list[tuple[int, int]]:
