@@ -13,7 +13,9 @@ connector ``spark-sql-kafka-0-10_2.13`` from Maven Central):
   store folder, the same records); and **narrow**, five columns each: Kafka's ``select`` of
   topic, partition, offset, value, timestamp, rmq's ``.schema(...)`` of topic, queueId,
   queueOffset, body, storeTimestamp; a warm-up read of each, then interleaved rounds, best of
-  ``--repeat``;
+  ``--repeat``; beside them the Python ceilings, all columns and narrow (``format("arrow_ceiling")``
+  in bench/common.py: the very batches of the rmq store read, pre-built; what Spark costs any
+  Python source for these rows, in the AvailableNow rounds too);
 * **AvailableNow**: the same through ``readStream`` with ``Trigger.AvailableNow``, capped at a
   quarter of the messages per micro-batch (``maxOffsetsPerTrigger`` for Kafka,
   ``maxMessagesPerTrigger`` for rmq) and uncapped, fresh checkpoint per round, a warm-up round
