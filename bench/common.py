@@ -498,9 +498,10 @@ def _ceiling_source_class():
 
         class _CeilingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             """The same files as a stream: an offset is the rows taken of each file; a
-            micro-batch reads each file's rows [start, end), files dealt over the tasks; a row limit is shared
-            over the files by what each has left, as the rmq source shares maxMessagesPerTrigger
-            by backlog. The files never grow: Trigger.AvailableNow reads them to their ends."""
+            micro-batch reads each file's rows [start, end), the files dealt over its tasks; a
+            row limit is shared over the files by what each has left, as the rmq source shares
+            maxMessagesPerTrigger by backlog. The files never grow: Trigger.AvailableNow reads
+            them to their ends."""
 
             def __init__(self, folder: str, columns: list[str] | None, max_rows: int | None,
                          partitions: int | None):
