@@ -435,10 +435,11 @@ def _ceiling_source_class():
         (storeSize) plus its ConsumeQueue unit (rmq_source.spark.sizing)."""
         import pyarrow.compute as pc
         import common
+        from rmq_source.spark.sizing import CQ_UNIT_BYTES
         reader = common.open_ceiling_file(path)
         stored = sum(pc.sum(reader.get_batch(i).column("storeSize")).as_py() or 0
                      for i in range(reader.num_record_batches))
-        return 20 + stored / max(_rows(path), 1)
+        return CQ_UNIT_BYTES + stored / max(_rows(path), 1)
 
     def _sized_tasks(weight: float) -> int:
         """Tasks for ``weight`` bytes as the rmq source sizes a plan without options: one per

@@ -319,6 +319,15 @@ int rmq_puller_seek(rmq_puller *p, int64_t offset, rmq_error *err);
 int rmq_puller_next(rmq_puller *p, int64_t max_rows, int64_t max_bytes, rmq_pull_out *out,
                     rmq_error *err);
 void rmq_puller_free(rmq_puller *p);
+/* The pull size after an answer that covered `covered` of the `asked` offsets, the rule the
+ * puller follows and the Python pulls call: state[0] is the pull size, state[1] the full answers
+ * in a row, both updated. A broker answers at most its transfer caps (32 messages or 256 KiB from
+ * memory, 8 or 64 KiB from disk by default) and a short answer drops the pulls in flight behind
+ * it: after one the size is what it covered (at least 1); after RMQ_PULL_GROW_AFTER full answers
+ * in a row it doubles, up to `largest` (the caps change as the data moves between disk and
+ * memory, and one large message may have made the answer short). */
+enum { RMQ_PULL_GROW_AFTER = 16 };
+void rmq_next_pull_size(int32_t *state, int64_t covered, int32_t asked, int32_t largest);
 
 /* The first pull of each of several ranges of one broker (any queues: each has its own template,
  * cut as for rmq_puller_range), sent together, in_flight (1..16) at most unanswered, each answered

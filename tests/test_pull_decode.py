@@ -196,7 +196,7 @@ def test_pulls_in_flight_follow_answers_that_come_short():
             assert offset == end and offsets == sorted(set(offsets)), (end, cap, offsets)
             assert all(o < end and o + c <= end for o, c in asked), (end, cap, asked)
             # after a short answer the pulls ask what it covered: a round of pulls sent ahead is
-            # lost at most once, then once per GROW_AFTER full answers (the size tried larger)
+            # lost at most once, then once per RMQ_PULL_GROW_AFTER full answers (the size tried larger)
             useful = -(-end // min(cap, 32))
             assert len(asked) <= useful + 3 * (1 + useful // 16), (end, cap, len(asked))
 

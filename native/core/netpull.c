@@ -31,8 +31,6 @@
 #define RMQ_NET_MAX_FRAME (16 * 1024 * 1024)   /* NettyDecoder's limit on the length field */
 #define NP_MIN_IN (256 << 10)
 
-#define NP_GROW_AFTER 16     /* full answers in a row before the pull size grows (np_adapt_pull_size) */
-
 typedef struct np_slot {
     int32_t opaque;
     int32_t nums;
@@ -51,7 +49,7 @@ struct rmq_puller {
     int32_t tmpl_len, cut[3];
     int64_t pos, ask, end, expect_suggest;
     int32_t per_pull, in_flight, timeout_ms;
-    int32_t per_pull_max, full_run;   /* the range's pull size; full answers since the last change */
+    int32_t per_pull_max, full_run;   /* the range's pull size; rmq_next_pull_size's count */
     int32_t next_opaque;
     np_slot slots[NP_MAX_SLOTS];
     int head, count;
@@ -668,23 +666,21 @@ static int np_pop_head(rmq_puller *p) {
     return 0;
 }
 
-/* The head slot's answer: joined into out, or held for the caller. 1: stop and return DATA. */
-/* The pull size after an answer that covered `covered` of the `nums` offsets asked. A broker
- * answers at most its transfer caps (32 messages or 256 KiB from memory, 8 or 64 KiB from disk by
- * default), and a short answer drops the pulls in flight behind it: so after one the range's pulls
- * ask as many as it covered, and after NP_GROW_AFTER full answers in a row twice as many again, up
- * to the range's size (the caps change as the data moves between disk and memory, and one large
- * message may have made the answer short). */
-static void np_adapt_pull_size(rmq_puller *p, int64_t covered, int32_t nums) {
-    if (covered < nums) {
-        if (covered < p->per_pull) p->per_pull = (int32_t)covered;
-        p->full_run = 0;
-    } else if (p->per_pull < p->per_pull_max && ++p->full_run >= NP_GROW_AFTER) {
-        p->per_pull = p->per_pull > p->per_pull_max / 2 ? p->per_pull_max : 2 * p->per_pull;
-        p->full_run = 0;
+void rmq_next_pull_size(int32_t *state, int64_t covered, int32_t asked, int32_t largest) {
+    if (!state) return;
+    if (covered < asked) {
+        int32_t c = covered < 1 ? 1 : (int32_t)covered;
+        if (c < state[0]) state[0] = c;
+        state[1] = 0;
+    } else if (state[0] < largest && ++state[1] >= RMQ_PULL_GROW_AFTER) {
+        state[0] = state[0] > largest / 2 ? largest : 2 * state[0];
+        state[1] = 0;
+    } else if (state[0] >= largest) {
+        state[1] = 0;
     }
 }
 
+/* The head slot's answer: joined into out, or held for the caller. 1: stop and return DATA. */
 static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pull_out *o,
                         int64_t max_rows, int64_t max_bytes, rmq_error *err) {
     rmq_net_header h;
@@ -715,7 +711,10 @@ static int np_take_head(rmq_puller *p, const uint8_t *frame, int64_t len, rmq_pu
     p->pos = o->next = h.next_begin_offset;
     np_pop_head(p);
     int64_t expected = p->count ? p->slots[p->head].asked : p->ask;
-    np_adapt_pull_size(p, p->pos - asked, nums);
+    int32_t size[2] = {p->per_pull, p->full_run};
+    rmq_next_pull_size(size, p->pos - asked, nums, p->per_pull_max);
+    p->per_pull = size[0];
+    p->full_run = size[1];
     if (p->pos != expected) np_drop_slots(p);   /* short answer: what was asked beyond is dropped */
     return h.suggest_broker_id != p->expect_suggest || o->rows >= max_rows || o->len >= max_bytes ||
            p->pos >= p->end;

@@ -93,23 +93,17 @@ def _cancel(ahead: deque) -> None:
             call.cancel()
 
 
-#: full answers in a row before a pull size shrunk by a short answer doubles (netpull.c's
-#: NP_GROW_AFTER)
-GROW_AFTER = 16
-
-
 def next_pull_size(size: int, full_run: int, covered: int, asked: int, largest: int
                    ) -> tuple[int, int]:
     """(pull size, full answers in a row) after an answer that covered ``covered`` of the
-    ``asked`` offsets, as the C pull loop adapts (np_adapt_pull_size): a short answer (a broker
-    answers at most its transfer caps) makes the next pulls ask what it covered, so those sent
-    ahead of it are not each dropped again; ``GROW_AFTER`` full answers in a row double it back,
-    up to ``largest``."""
-    if covered < asked:
-        return min(size, max(1, covered)), 0
-    if size < largest and full_run + 1 >= GROW_AFTER:
-        return (largest if size > largest // 2 else 2 * size), 0
-    return size, full_run + 1 if size < largest else 0
+    ``asked`` offsets: the C pull loop's own rule (rmq_next_pull_size, rmq_core.h), so the
+    Python pulls adapt as it does. A short answer (a broker answers at most its transfer caps)
+    makes the next pulls ask what it covered; RMQ_PULL_GROW_AFTER full answers in a row double
+    the size back, up to ``largest``."""
+    from rmq_source._native import ffi, lib
+    state = ffi.new("int32_t[2]", [size, full_run])
+    lib.rmq_next_pull_size(state, covered, asked, largest)
+    return state[0], state[1]
 
 
 def _explain_filter_refusal(pulls, mq: MessageQueue):
