@@ -245,7 +245,7 @@ def coalesce(batches: Iterator[pa.RecordBatch], max_rows: int, max_bytes: int) -
     """``batches`` with consecutive small ones joined: each output holds at most ``max_rows`` rows
     and ``max_bytes`` bytes of buffers (a slice counts its whole buffers) unless one input alone is
     larger (passed through as it is); rows keep their order. Joining copies, so only batches under
-    a quarter of either limit are held back for it, and a full join goes out at once."""
+    an eighth of either limit are held back for it, and a full join goes out at once."""
     return (_joined(group) for group in join_groups(batches, max_rows, max_bytes))
 
 
@@ -253,9 +253,10 @@ def join_groups(items: Iterable, max_rows: int, max_bytes: int, *, batch_of=lamb
                 key=None) -> Iterator[list]:
     """Consecutive ``items`` (``batch_of(item)`` is an item's Arrow batch; those without rows are
     left out) grouped in order for :func:`coalesce`'s joins: a group holds at most ``max_rows``
-    rows and ``max_bytes`` bytes of buffers, an item of a quarter of either or more is a group of
-    its own, a group that reaches ``max_rows`` or half of ``max_bytes`` ends; with ``key``, a
-    group's items share ``key(item)``."""
+    rows and ``max_bytes`` bytes of buffers, an item of an eighth of either or more is a group of
+    its own (joining copies: a live read decodes its answers 16 MiB at a time, not worth a copy
+    to make batches of 64 MiB), a group that reaches ``max_rows`` or half of ``max_bytes`` ends;
+    with ``key``, a group's items share ``key(item)``."""
     held: list = []
     rows = size = 0
     last = None
@@ -264,7 +265,7 @@ def join_groups(items: Iterable, max_rows: int, max_bytes: int, *, batch_of=lamb
         n, b = batch.num_rows, batch.get_total_buffer_size()
         if not n:
             continue
-        alone = n * 4 >= max_rows or b * 4 >= max_bytes
+        alone = n * 8 >= max_rows or b * 8 >= max_bytes
         kind = key(item) if key is not None else None
         if held and (alone or kind != last or rows + n > max_rows or size + b > max_bytes):
             yield held

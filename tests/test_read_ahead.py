@@ -106,7 +106,7 @@ def _native(qid: int, offsets: range) -> pa.RecordBatch:
 def test_full_rows_converts_ranges_of_one_broker_together(parts, max_rows, max_bytes):
     """The rows of consecutive ranges of one broker made full rows at once: the same rows, in the
     same order, as converting each range alone; an output never mixes brokers; several parts are
-    joined only within the limits, and a part of a quarter of a limit or more is never joined."""
+    joined only within the limits, and a part of an eighth of a limit or more is never joined."""
     from rmq_source.group.allocation import MessageQueue
     from rmq_source.store.reader import native_rows
     given_parts, expected, first = [], [], 0
@@ -130,5 +130,5 @@ def test_full_rows_converts_ranges_of_one_broker_together(parts, max_rows, max_b
         if len(members) > 1:
             assert batch.num_rows <= max_rows
             assert sum(m.get_total_buffer_size() for m in members) <= max_bytes
-            assert all(m.num_rows * 4 < max_rows and m.get_total_buffer_size() * 4 < max_bytes
+            assert all(m.num_rows * 8 < max_rows and m.get_total_buffer_size() * 8 < max_bytes
                        for m in members)

@@ -575,14 +575,16 @@ def test_a_task_reads_with_the_collector_paused_and_leaves_it_as_found(store, to
         r.stop()
 
 
-def test_a_worker_freezes_its_start_up_objects_once_per_process(store):
+def test_a_task_freezes_what_outlives_tasks_once_there_is_much_of_it(store):
     """PySpark's worker daemon runs a full collection after every task; a task of the rmq source
-    first moves the worker's start-up objects out of the collector's reach, once per process
-    (a forked worker freezes its own)."""
+    first moves what the worker holds out of the collector's reach when the oldest generation
+    holds FREEZE_FROM objects or more: the start-up modules at the first task, then only after
+    that many more have stayed (a module a task imported), also in a forked worker."""
     script = textwrap.dedent(f"""
         import gc, os
         from rmq_source.spark.compat import ReadAllAvailable
         from rmq_source.spark.datasource import RocketMQDataSource
+        from rmq_source.spark.gc_pause import FREEZE_FROM
 
         def read_all():
             r = RocketMQDataSource({{"storePath": {str(store)!r}, "topic": "T",
@@ -590,23 +592,33 @@ def test_a_worker_freezes_its_start_up_objects_once_per_process(store):
             start = r.initialOffset()
             end = r.latestOffset(start, ReadAllAvailable())
             return sum(b.num_rows for p in r.partitions(start, end) for b in r.read(p))
+
+        def kept(n):        # objects that outlive a task, promoted as the daemon's collection does
+            out = [[i] for i in range(n)]
+            gc.collect()
+            return out
         before = gc.get_freeze_count()
         rows = read_all()
         first = gc.get_freeze_count()
-        junk = [[i] for i in range(1000)]     # objects made after the first task: not frozen
+        few = kept(FREEZE_FROM // 10)            # fewer than FREEZE_FROM: left to the collector
         read_all()
         again = gc.get_freeze_count()
+        many = kept(FREEZE_FROM)                 # as many: frozen by the next task
+        read_all()
+        more = gc.get_freeze_count()
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            child_kept = kept(FREEZE_FROM)
             read_all()
             os.write(w, str(gc.get_freeze_count()).encode())
             os._exit(0)
         os.waitpid(pid, 0)
         child = int(os.read(r, 64))
         # (a frozen object freed by reference counting leaves the count: it can only go down)
-        print(rows, before, first > 5000, again <= first, child >= again + 1000)
+        print(rows, before, first > 5000, again <= first, more >= again + FREEZE_FROM,
+              child >= more + FREEZE_FROM)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["90", "0", "True", "True", "True"]
+    assert out.stdout.split() == ["90", "0", "True", "True", "True", "True"]

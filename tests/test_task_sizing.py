@@ -144,6 +144,15 @@ def test_coalesce_joins_small_batches():
     assert len(out) == 1 and out[0].num_rows == 300
 
 
+def test_coalesce_passes_an_eighth_of_a_limit_through_unjoined():
+    """A live read decodes 16 MiB of answers at a time against batches of 64 MiB: such batches
+    go out as they are (joining them would copy every body once more), smaller ones are joined."""
+    big = [_batch(50, 50 * i) for i in range(4)]
+    limit = big[0].get_total_buffer_size() * 6          # each is a sixth of the byte limit
+    assert [b is a for b, a in zip(coalesce(iter(big), 10_000, limit), big)] == [True] * 4
+    assert len(list(coalesce(iter(big), 10_000, limit * 2))) == 1     # a twelfth: joined
+
+
 @pytest.fixture(scope="module")
 def many_queues(tmp_path_factory):
     """200 queues of 5 messages; tag X on 1 message in 100 (queue 7 has two)."""

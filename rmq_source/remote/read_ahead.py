@@ -65,7 +65,7 @@ def full_rows(parts: Iterator[tuple[pa.RecordBatch, object]], max_rows: int, max
     """``parts``, (C core batch, its queue) in order, as full rows in the same order: consecutive
     parts of one broker are converted together (:func:`native_rows_of_queues`), grouped as
     :func:`rmq_source.backend.coalesce` joins batches (within ``max_rows`` rows and ``max_bytes``
-    bytes of buffers; a part of a quarter of either or more goes alone: joining copies)."""
+    bytes of buffers; a part of an eighth of either or more goes alone: joining copies)."""
     from rmq_source.backend import join_groups
     from rmq_source.store.reader import native_rows_of_queues
     for group in join_groups(parts, max_rows, max_bytes, batch_of=lambda part: part[0],

@@ -1,5 +1,6 @@
 """The cyclic garbage collector kept off what does not need it: paused while a planning or a
-task's read runs, and kept off a Python worker's start-up objects (:func:`freeze_startup_objects`).
+task's read runs, and kept off a Python worker's long-lived objects
+(:func:`freeze_long_lived_objects`).
 
 A micro-batch over thousands of queues builds per-queue objects that live for the planning and
 are freed by reference counting at its end (its queues' statistics, offsets, lock states). With
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 
 
 @contextlib.contextmanager
@@ -33,24 +33,26 @@ def collector_paused():
         gc.enable()
 
 
-_frozen_in: int | None = None     # the process that froze its start-up objects
+#: a task's start freezes the oldest generation when it holds this many objects or more
+FREEZE_FROM = 10_000
 
 
-def freeze_startup_objects() -> None:
-    """Once per process: move the objects alive now (the modules PySpark, pyarrow and this package
-    imported into a Python worker, ~80,000 of them) out of the collector's reach (``gc.freeze``).
+def freeze_long_lived_objects() -> None:
+    """At a task's start, when the collector's oldest generation holds :data:`FREEZE_FROM`
+    objects or more: move every object alive out of the collector's reach (``gc.freeze``).
 
     PySpark's worker daemon runs a full ``gc.collect()`` after every task of a reused worker.
     Right after a task has streamed hundreds of MB through the caches, that collection's walk
     over every object misses the caches at each step: measured 50-200 ms a task in the read
     workers (the same walk takes 4-10 ms warm), 0.1-0.2 s of the workers' CPU per million
-    100-byte messages. Frozen, the objects a worker starts with are not walked again; the objects of each
-    task are collected as before. What a frozen object would leak is bounded: only cycles among
-    objects alive at the first task, which are the imported modules."""
-    global _frozen_in
-    pid = os.getpid()
-    if _frozen_in == pid:
+    100-byte messages. What a worker holds at a task's start outlives tasks: the modules PySpark,
+    pyarrow and this package imported (~80,000 objects at the first task), and the ones imported
+    by a task since (PySpark imports pandas, ~30,000, to move a read's first batch; a send task
+    imports others). Frozen, they are not walked again; each task's objects are collected as
+    before, and the next freeze comes only when the old generation has grown that much again.
+    Nothing that is garbage is frozen (a collection comes first); what a frozen object could
+    leak is bounded: only cycles among objects that were alive at a task's start."""
+    if len(gc.get_objects(generation=2)) < FREEZE_FROM:
         return
-    _frozen_in = pid
-    gc.collect()      # (nothing that is garbage already is frozen)
+    gc.collect()
     gc.freeze()

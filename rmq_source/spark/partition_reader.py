@@ -17,7 +17,7 @@ from rmq_source.backend import BackendSpec, RangeRead, TaskLock
 from rmq_source.group.allocation import MessageQueue
 from rmq_source.errors import RmqDataLossError
 from rmq_source.namespace import unwrap, unwrap_topic_column
-from rmq_source.spark.gc_pause import collector_paused, freeze_startup_objects
+from rmq_source.spark.gc_pause import collector_paused, freeze_long_lived_objects
 from rmq_source.sql92.program import filter_batch, selector_program
 from rmq_source.subscription import Subscription
 
@@ -87,7 +87,7 @@ def read_partition(part: RmqInputPartition) -> Iterator[pa.RecordBatch]:
     """
     if not isinstance(part, RmqInputPartition):
         return
-    freeze_startup_objects()
+    freeze_long_lived_objects()
     with collector_paused():
         if part.trace is None:
             for batch in _read_ranges(part):

@@ -22,7 +22,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from rmq_source.spark.compat import StreamArrowWriterBase
-from rmq_source.spark.gc_pause import freeze_startup_objects
+from rmq_source.spark.gc_pause import freeze_long_lived_objects
 
 from rmq_source.errors import RmqOptionError, RmqSourceError
 from rmq_source.sink.columns import check_schema
@@ -68,7 +68,7 @@ def prepare(options, schema, overwrite: bool, *, streaming: bool) -> SinkOptions
 def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch], write_id: str, batch_id: int
                ) -> SinkCommit:
     """Send every row of the task; the commit message counts them."""
-    freeze_startup_objects()
+    freeze_long_lived_objects()
     partition = TaskContext.get().partitionId()
     stats = send_rows(TaskProducer(opts, partition), batches, TaskKeys(write_id, batch_id, partition))
     return SinkCommit(partition, stats.messages, stats.requests, stats.retries, stats.unconfirmed)
