@@ -45,8 +45,8 @@ class _Uses:
         self.pieces = 0
         real = native_pull.NativePuller.next
 
-        def counted(puller, *args):
-            item = real(puller, *args)
+        def counted(puller, *args, **kw):
+            item = real(puller, *args, **kw)
             self.pieces += item is not None
             return item
         monkeypatch.setattr(native_pull.NativePuller, "next", counted)
@@ -129,12 +129,12 @@ def test_a_pull_connection_broken_halfway_goes_on_in_python(rocketmq, filled, mo
     calls = [0]
     real = native_pull.NativePuller.next
 
-    def breaking(puller, *args):
+    def breaking(puller, *args, **kw):
         calls[0] += 1
         if calls[0] == break_at:
             import socket
             puller._sock.shutdown(socket.SHUT_RDWR)     # the connection dies under the C core
-        return real(puller, *args)
+        return real(puller, *args, **kw)
     monkeypatch.setattr(native_pull.NativePuller, "next", breaking)
     backend = _backend(rocketmq, True)
     went_on = []

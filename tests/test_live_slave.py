@@ -87,8 +87,8 @@ class _Spy:
 
         real_next = native_pull.NativePuller.next
 
-        def next_piece(puller, *args):        # pulls of the C core: one entry per answer
-            item = real_next(puller, *args)
+        def next_piece(puller, *args, **kw):    # pulls of the C core: one entry per answer
+            item = real_next(puller, *args, **kw)
             if item is not None:
                 self.addrs.extend([puller.addr] * getattr(item, "answers", 1))
             return item

@@ -134,6 +134,19 @@ def test_requests_are_the_pull_message_the_python_client_sends(broker):
     assert len({r.opaque for r in b.requests}) == 3
 
 
+def test_a_view_is_the_data_until_the_next_call(broker):
+    """``next(view=True)``: the same answers joined as bytes, as a view of the puller's buffer
+    (the decode reads it in place) that the next call may overwrite."""
+    b = broker(lambda conn, req: conn.sendall(pull_answer(req, n_messages=100)))
+    p = puller_for(b, 0, 100, in_flight=2, per_pull=10)
+    views = []
+    while (item := p.next(30, 1 << 30, view=True)) is not None:
+        assert isinstance(item.body, memoryview)
+        views.append((item.first, item.next, bytes(item.body)))
+    assert b"".join(v for _, _, v in views) == joined(0, 100)
+    assert [(f, n) for f, n, _ in views] == [(0, 30), (30, 60), (60, 90), (90, 100)]
+
+
 @pytest.mark.parametrize("subscription", ['x || "<queueOffset>"', '"opaque":1987654321', "<maxMsgNums>",
                                           "a || b", "ünï || \\\""])
 def test_templates_hold_any_subscription(subscription):

@@ -824,7 +824,8 @@ class ClusterBackend(Backend):
         """(offset asked, PullResult) in offset order; the caller sends the offset to go on from.
         A SUCCESS result may join several answers (up to ``max_rows`` queue offsets or
         ``max_bytes`` of records): its body is their records end to end, its next_begin_offset
-        the last one's."""
+        the last one's. The body may be a view of the C puller's buffer (:meth:`_native_pulls`):
+        valid until the caller sends, copied by whoever keeps it longer."""
         self._note_topic(mq)        # (once a read, not once a pull)
         if self.spec.native_pulls and self.spec.credentials is None:     # (TLS: in C too)
             template = self._template(mq, sub)
@@ -927,7 +928,7 @@ class ClusterBackend(Backend):
                         puller.range(template, offset, end, per_pull=self.spec.pull_batch,
                                      in_flight=max(1, ahead), timeout_s=self.spec.timeout_s,
                                      expect_suggest=expect, what=str(mq))
-                        item = puller.next(max_rows, max_bytes)
+                        item = puller.next(max_rows, max_bytes, view=True)
                         break
                     except broken as exc:
                         mine.pop(addr, None)
@@ -972,7 +973,7 @@ class ClusterBackend(Backend):
                         if isinstance(item, native_pull.Answer) or (
                                 isinstance(item, native_pull.Data) and offset != item.next):
                             puller.seek(offset)
-                        item = puller.next(max_rows, max_bytes)
+                        item = puller.next(max_rows, max_bytes, view=True)
                     except broken as exc:
                         mine.pop(puller.addr, None)
                         self._unanswered(puller.addr, ahead, exc)
@@ -1199,16 +1200,18 @@ class ClusterBackend(Backend):
             if res.code == rq.SUCCESS:
                 if not pending:
                     first[:] = [offset, 0, 0]
-                pending.append(res.body)
                 first[1] += max(0, res.next_begin_offset - offset)
                 first[2] += len(res.body)
                 nxt = res.next_begin_offset
                 if (nxt <= offset or nxt >= end or first[1] >= batch_rows
                         or first[2] >= limit_bytes):
+                    pending.append(res.body)         # (decoded before the next pull: no copy)
                     rows, after = decode()
                     if rows is not None:
                         yield rows
                     nxt = max(nxt, after)
+                else:
+                    pending.append(bytes(res.body))  # (a view is valid only until then)
                 if nxt > offset:
                     retries = 0
             else:

@@ -78,7 +78,7 @@ def parse_header(frame: bytes) -> dict:
 class Data:
     first: int          # the queue offset the first answer was asked at
     next: int           # the last answer's nextBeginOffset
-    body: bytes         # the answers' bodies joined
+    body: bytes | memoryview    # the answers' bodies joined (a view: NativePuller.next)
     rows: int           # queue offsets advanced (next - first)
     answers: int
     suggest: int        # the last answer's suggestWhichBrokerId
@@ -161,14 +161,20 @@ class NativePuller:
     def seek(self, offset: int) -> None:
         self._check(self._lib.rmq_puller_seek(self._live(), offset, self._err))
 
-    def next(self, max_rows: int, max_bytes: int) -> Data | Answer | ServerRequest | None:
+    def next(self, max_rows: int, max_bytes: int, *, view: bool = False
+             ) -> Data | Answer | ServerRequest | None:
+        """The next answers (up to ``max_rows`` queue offsets or ``max_bytes`` of records joined).
+        With ``view``, a :class:`Data`'s body is a memoryview of this puller's own buffer, valid
+        only until its next call (no copy of the records: decode them or copy them before)."""
         lib, o = self._lib, self._out
         self._check(lib.rmq_puller_next(self._live(), max_rows, max_bytes, o, self._err))
         if o.status == lib.RMQ_PULL_END:
             return None
-        data = bytes(self._ffi.buffer(o.data, o.len))
         if o.status == lib.RMQ_PULL_DATA:
-            return Data(o.first, o.next, data, o.rows, o.answers, o.suggest)
+            body = self._ffi.buffer(o.data, o.len)
+            return Data(o.first, o.next, memoryview(body) if view else bytes(body), o.rows,
+                        o.answers, o.suggest)
+        data = bytes(self._ffi.buffer(o.data, o.len))
         try:
             cmd = frames.decode(data)
         except RmqRemotingProtocolError as exc:

@@ -618,7 +618,7 @@ def decode_records(body: bytes, *, where: str, topic: str, queue_id: int, start:
     _check_int("end", end, 0, _MAX_QUEUE_OFFSET)
     if end < start:
         raise RmqOptionError(f"end ({end}) must be >= start ({start})")
-    data = bytes(body)
+    data = body if isinstance(body, (bytes, memoryview)) else bytes(body)   # (a bytearray may change)
     keep: list = []
     args = _scan_args(keep, start, end, INT64_MAX, MAX_BATCH_BYTES, verify_crc,
                       None, tags, topic, queue_id, skip)
