@@ -2,7 +2,9 @@
 
 Starts a real Kafka broker (one KRaft node, ``bench/kafka_server.py``) and a real RocketMQ cluster (a
 NameServer and one broker, ``tests/rocketmq_cluster.py``), both with their JVMs' default JIT and GC and
-the servers' default thread pools, and fills a topic of 8 partitions / 8 queues on each with the same
+the servers' default thread pools (the RocketMQ broker with its transfer caps raised, as
+bench_pull_size.py's RAISED: a pull of 32 messages, the default, is answered as at the shipped
+caps of 32 messages and 256 KiB; only the pulls of 1,024 need them), and fills a topic of 8 partitions / 8 queues on each with the same
 messages (``--messages`` of ``--sizes`` bytes; message i: key ``str(i)``, partition / queue ``i % 8``,
 a body cut from the SHA-256 of i), written by Spark's own sinks (``format("kafka")``,
 ``format("rmq")``). Then, in one Spark session (``local[2]``, bench/common.py's settings, the Kafka
@@ -12,7 +14,9 @@ connector ``spark-sql-kafka-0-10_2.13`` from Maven Central):
   ``format("rmq")`` live (``namesrvAddr``) and store mode (``storePath``: the RocketMQ broker's own
   store folder, the same records); and **narrow**, five columns each: Kafka's ``select`` of
   topic, partition, offset, value, timestamp, rmq's ``.schema(...)`` of topic, queueId,
-  queueOffset, body, storeTimestamp; a warm-up read of each, then interleaved rounds, best of
+  queueOffset, body, storeTimestamp; the narrow live read again with pulls of 1,024 messages
+  (``pullBatchSize``; RocketMQ's default is 32, Kafka's consumer fetches up to 1 MiB a partition);
+  a warm-up read of each, then interleaved rounds, best of
   ``--repeat``; beside them the Python ceilings, all columns and narrow (``format("arrow_ceiling")``
   in bench/common.py: the very batches of the rmq store read, pre-built; what Spark costs any
   Python source for these rows, in the AvailableNow rounds too);
@@ -61,6 +65,7 @@ from pathlib import Path
 import common
 from common import (ensure_ceiling_files, jvm_pid, measured, print_machine, print_table,
                     register_ceiling_source, spark_session, tree_cpu_seconds)
+from bench_pull_size import RAISED as RAISED_CAPS
 from kafka_server import KafkaServer
 from python_floor import PythonFloorDataSource
 
@@ -78,6 +83,9 @@ CORES = 2              # the machines this bench's targets are set for
 RMQ_NARROW = "topic string, queueId int, queueOffset long, body binary, storeTimestamp timestamp"
 RMQ_NARROW_COLUMNS = [c.split()[0] for c in RMQ_NARROW.split(", ")]
 KAFKA_NARROW = ["topic", "partition", "offset", "value", "timestamp"]
+#: the narrow live read with pulls of 1,024 messages (the broker's transfer caps are raised:
+#: RAISED_CAPS; Kafka's consumer fetches up to 1 MiB a partition by default)
+LARGE_PULLS = "rmq live narrow, pulls of 1,024"
 #: RocketMQ 5.3's own thread pool defaults on 2 cores (the test brokers shrink them to boot fast)
 BROKER_DEFAULT_POOLS = {
     "sendMessageThreadPoolNums": 2, "pullMessageThreadPoolNums": 20, "queryMessageThreadPoolNums": 10,
@@ -158,7 +166,7 @@ def start_servers(workdir: Path):
     cluster = rocketmq_cluster.Cluster(
         version, jars, workdir / "rocketmq",
         broker_kw={"heap_mb": 2048, "direct_mb": 1024, "jvm_opts": (), "commitlog_size": 1 << 30,
-                   "cq_units": 300_000, "extra": BROKER_DEFAULT_POOLS},
+                   "cq_units": 300_000, "extra": {**BROKER_DEFAULT_POOLS, **RAISED_CAPS}},
         namesrv_extra=None).start()
     return kafka, cluster
 
@@ -244,6 +252,8 @@ def sources(spark, kafka, cluster, topic: str, ceiling: Path):
                             "maxMessagesPerTrigger", bpid, None),
         "rmq store narrow": (lambda r: rmq_store(r.schema(RMQ_NARROW), cluster, topic),
                              "maxMessagesPerTrigger", None, None),
+        LARGE_PULLS: (lambda r: rmq_live(r.schema(RMQ_NARROW), cluster, topic)
+                      .option("pullBatchSize", "1024"), "maxMessagesPerTrigger", bpid, None),
         "python ceiling": (arrow_ceiling, "maxMessagesPerTrigger", None, None),
         "python ceiling narrow": (lambda r: arrow_ceiling(r, RMQ_NARROW_COLUMNS),
                                   "maxMessagesPerTrigger", None, None),
@@ -431,7 +441,8 @@ def per_m(cpu: float, messages: int) -> str:
 
 #: (source, baseline, target) of the ratios printed under each table (issue 45; None: no target)
 RATIOS = [("rmq store narrow", "kafka narrow", 3.0), ("rmq store narrow", "kafka", 3.0),
-          ("rmq live narrow", "kafka narrow", 1.0), ("rmq store", "kafka", 1.5),
+          ("rmq live narrow", "kafka narrow", 1.0), (LARGE_PULLS, "kafka narrow", None),
+          ("rmq store", "kafka", 1.5),
           ("rmq live", "kafka", None),
           # what Spark leaves any Python source, and how near to it the rmq reads come
           ("python ceiling narrow", "kafka narrow", None), ("python ceiling", "kafka", None),
@@ -471,10 +482,12 @@ def report(results: dict, args) -> None:
                 aim = "at 1 KiB >= 1x; at 100 B as the broker's CPU a message leaves room"
             print(f"{name} / {base}: batch {b[base][0] / b[name][0]:.2f}x, AvailableNow capped "
                   f"{s[base][0] / s[name][0]:.2f}x, uncapped {one[base][0] / one[name][0]:.2f}x ({aim})")
-        if "rmq live narrow" in b and "kafka narrow" in b:
-            _, cpu, server = b["rmq live narrow"]
+        for live in ("rmq live narrow", LARGE_PULLS):
+            if live not in b or "kafka narrow" not in b:
+                continue
+            _, cpu, server = b[live]
             most = CORES * n / (cpu + server)
-            print(f"room on {CORES} cores for rmq live narrow: {CORES} / ({per_m(cpu, n)} s Spark + "
+            print(f"room on {CORES} cores for {live}: {CORES} / ({per_m(cpu, n)} s Spark + "
                   f"{per_m(server, n)} s broker CPU per M messages) = {most / 1e3:.0f} k msgs/s at most, "
                   f"{most * b['kafka narrow'][0] / n:.2f}x Kafka's narrow batch read")
     if "python_start" in results:
