@@ -33,7 +33,9 @@ OPTION_DOCS: dict[str, tuple[str, str]] = {
                             "maxTransferCountOnMessageInMemory (32 by default) and "
                             "maxTransferBytesOnMessageInMemory (256 KiB): with both raised, pulls "
                             "of 1,024 cost about 2.5x less CPU a message here and 3x less on the "
-                            "broker (bench/RESULTS.md, bench_pull_size.py)."),
+                            "broker, and a narrow read ran 1.4x (1 KiB bodies) to 2x (100 B) as "
+                            "fast as with pulls of 32 (bench/RESULTS.md: bench_pull_size.py, "
+                            "bench_vs_kafka.py)."),
     "brokerOutageTimeoutMs": ("180000", "With namesrvAddr: how long a broker may be away "
                                         "(unreachable, restarting, without a master) before it "
                                         "counts as lost: until then a streaming query plans "
