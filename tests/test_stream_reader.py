@@ -579,9 +579,11 @@ def test_a_task_freezes_what_outlives_tasks_once_there_is_much_of_it(store):
     """PySpark's worker daemon runs a full collection after every task; a task of the rmq source
     first moves what the worker holds out of the collector's reach when the oldest generation
     holds FREEZE_FROM objects or more: the start-up modules at the first task, then only after
-    that many more have stayed (a module a task imported), also in a forked worker."""
+    that many more have stayed (a module a task imported), also in a forked worker; outside a
+    Spark task (no TaskContext: a test, a script) nothing."""
     script = textwrap.dedent(f"""
         import gc, os
+        from pyspark import TaskContext
         from rmq_source.spark.compat import ReadAllAvailable
         from rmq_source.spark.datasource import RocketMQDataSource
         from rmq_source.spark.gc_pause import FREEZE_FROM
@@ -597,8 +599,10 @@ def test_a_task_freezes_what_outlives_tasks_once_there_is_much_of_it(store):
             out = [[i] for i in range(n)]
             gc.collect()
             return out
+        rows = read_all()                      # no task: nothing frozen
         before = gc.get_freeze_count()
-        rows = read_all()
+        TaskContext._getOrCreate()             # as in a PySpark worker's task
+        read_all()
         first = gc.get_freeze_count()
         few = kept(FREEZE_FROM // 10)            # fewer than FREEZE_FROM: left to the collector
         read_all()

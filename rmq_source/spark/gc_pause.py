@@ -38,8 +38,10 @@ FREEZE_FROM = 10_000
 
 
 def freeze_long_lived_objects() -> None:
-    """At a task's start, when the collector's oldest generation holds :data:`FREEZE_FROM`
-    objects or more: move every object alive out of the collector's reach (``gc.freeze``).
+    """At the start of a Spark task (in a Python worker: a TaskContext is set), when the
+    collector's oldest generation holds :data:`FREEZE_FROM` objects or more: move every object
+    alive out of the collector's reach (``gc.freeze``). Elsewhere (a test or a script calling a
+    reader itself) nothing is frozen: a long-lived process of other work is not a worker.
 
     PySpark's worker daemon runs a full ``gc.collect()`` after every task of a reused worker.
     Right after a task has streamed hundreds of MB through the caches, that collection's walk
@@ -52,7 +54,8 @@ def freeze_long_lived_objects() -> None:
     before, and the next freeze comes only when the old generation has grown that much again.
     Nothing that is garbage is frozen (a collection comes first); what a frozen object could
     leak is bounded: only cycles among objects that were alive at a task's start."""
-    if len(gc.get_objects(generation=2)) < FREEZE_FROM:
+    from pyspark import TaskContext
+    if TaskContext.get() is None or len(gc.get_objects(generation=2)) < FREEZE_FROM:
         return
     gc.collect()
     gc.freeze()
