@@ -4,11 +4,12 @@ Starts a real Kafka broker (one KRaft node, ``bench/kafka_server.py``) and a rea
 NameServer and one broker, ``tests/rocketmq_cluster.py``), both with their JVMs' default JIT and GC and
 the servers' default thread pools (the RocketMQ broker with its transfer caps raised, as
 bench_pull_size.py's RAISED: a pull of 32 messages, the default, is answered as at the shipped
-caps of 32 messages and 256 KiB; only the pulls of 1,024 need them), and fills a topic of 8 partitions / 8 queues on each with the same
-messages (``--messages`` of ``--sizes`` bytes; message i: key ``str(i)``, partition / queue ``i % 8``,
-a body cut from the SHA-256 of i), written by Spark's own sinks (``format("kafka")``,
-``format("rmq")``). Then, in one Spark session (``local[2]``, bench/common.py's settings, the Kafka
-connector ``spark-sql-kafka-0-10_2.13`` from Maven Central):
+caps of 32 messages and 256 KiB; only the pulls of 1,024 need them), and fills a topic of 8
+partitions / 8 queues on each with the same messages (``--messages`` of ``--sizes`` bytes; message
+i: key ``str(i)``, partition / queue ``i % 8``, a body cut from the SHA-256 of i), written by
+Spark's own sinks (``format("kafka")``, ``format("rmq")``). Then, in one Spark session
+(``local[2]``, bench/common.py's settings, the Kafka connector ``spark-sql-kafka-0-10_2.13`` from
+Maven Central):
 
 * **batch**: ``spark.read`` of every column into the ``noop`` sink: ``format("kafka")``,
   ``format("rmq")`` live (``namesrvAddr``) and store mode (``storePath``: the RocketMQ broker's own

@@ -50,8 +50,9 @@ def freeze_long_lived_objects() -> None:
     100-byte messages. What a worker holds at a task's start outlives tasks: the modules PySpark,
     pyarrow and this package imported (~80,000 objects at the first task), and the ones imported
     by a task since (the same workers run the sink's tasks, during which PySpark imports pandas,
-    ~30,000 objects, and a user's own Python functions). Frozen, they are not walked again; each task's objects are collected as
-    before, and the next freeze comes only when the old generation has grown that much again.
+    ~30,000 objects, and a user's own Python functions). Frozen, they are not walked again; each
+    task's objects are collected as before, and the next freeze comes only when the old
+    generation has grown that much again.
     Nothing that is garbage is frozen (a collection comes first); what a frozen object could
     leak is bounded: only cycles among objects that were alive at a task's start."""
     from pyspark import TaskContext
